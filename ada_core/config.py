@@ -1,0 +1,337 @@
+"""Typed configs, algorithm presets and scale profiles.
+
+One pydantic schema serves the CLI (`--set sampler.M=8`), YAML config files and Prefect's UI forms,
+so every field carries a description: what it controls, its units, and where its default comes from
+(`paper` = arXiv 2510.04996, `ref` = the public `run_reinforce_ada.sh`, `ours` = our choice).
+
+Algorithm presets (`grpo`, `dapo`, `ada-pos`, `ada-balance`) say *what* algorithm runs; scale
+profiles (`tiny`, `smollm2-135m`, `paper`) say *how big*: prompts per step, lengths and learning
+rate suit a model size, and the paper's values do not suit a tiny model. `build_config` layers
+defaults < scale profile < preset < config file < `--set` overrides.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class SamplerConfig(_Strict):
+    """How each step's groups are drawn."""
+
+    name: Literal["fixed", "dynamic_filter", "ada"] = Field(
+        "fixed",
+        description="Sampler: `fixed` = GRPO (n per prompt in one call), `dynamic_filter` = DAPO dynamic "
+        "sampling, `ada` = Reinforce-Ada successive elimination.",
+    )
+    n: int = Field(4, ge=2, description="Final group size per prompt (samples trained on). Paper/ref: 4.")
+    exit_rule: Literal["pos", "balance"] = Field(
+        "balance",
+        description="ada: when a prompt stops sampling. `pos` = at least 1 positive; `balance` = at least "
+        "n//2 positives and n - n//2 negatives. Ref default: balance.",
+    )
+    M: int = Field(8, ge=1, description="ada: samples per active prompt per round. Ref: 8.")
+    N: int = Field(4, ge=1, description="ada: maximum number of rounds. Ref: 4.")
+    M0: int | None = Field(
+        None, ge=1, description="ada: first-round size; None means M. Ours (not in the paper)."
+    )
+    global_sample_cap: int | None = Field(
+        None,
+        ge=1,
+        description="ada: cap on samples generated per step over all prompts; a round that would pass it "
+        "is shrunk to fit. None = no cap. Ours.",
+    )
+    unresolved: Literal["keep", "drop"] = Field(
+        "keep",
+        description="ada: prompts still active after N rounds are kept (ref code; uniform groups get zero "
+        "advantage) or dropped (paper's passive filtering).",
+    )
+    downsample: Literal["balanced", "random"] = Field(
+        "balanced",
+        description="ada: how a pool is cut to n. `balanced` targets n//2 positives and fills any shortfall "
+        "from the other class; `random` draws uniformly. Always a seeded random draw (ref takes first-k).",
+    )
+    positive_threshold: float = Field(
+        0.7, ge=0.0, le=1.0, description="A sample is positive when reward > this. Ref: 0.7."
+    )
+    gen_batch_multiplier: float = Field(
+        1.0,
+        gt=0.0,
+        description="dapo: each generation batch draws this many times the step's prompts. Ours: 1.0.",
+    )
+    max_gen_batches: int = Field(
+        3, ge=1, description="dapo: generation batches before falling back to the groups kept so far. Ours."
+    )
+    std_eps: float = Field(
+        1e-6, gt=0.0, description="dapo: a group counts as varied when its reward std exceeds this."
+    )
+
+    @property
+    def first_round(self) -> int:
+        return self.M0 if self.M0 is not None else self.M
+
+    @property
+    def max_samples_per_prompt(self) -> int:
+        """The most samples one prompt can draw in a step."""
+        if self.name != "ada":
+            return self.n
+        return self.first_round + (self.N - 1) * self.M
+
+    @model_validator(mode="after")
+    def _enough_samples(self) -> "SamplerConfig":
+        if self.name == "ada" and self.max_samples_per_prompt < self.n:
+            raise ValueError(
+                f"sampler.M0 + (sampler.N - 1) * sampler.M = {self.max_samples_per_prompt} must be >= "
+                f"sampler.n = {self.n}: a prompt could never fill its group"
+            )
+        return self
+
+
+class AdvantageConfig(_Strict):
+    name: Literal["grpo", "group_mean", "global_mean", "global_mean_std", "rloo"] = Field(
+        "grpo",
+        description="Advantage estimator (registry in ada_core.advantages). Ada ref: global_mean (pool mean "
+        "baseline, no std); GRPO: grpo (group mean/std).",
+    )
+    eps: float = Field(1e-6, gt=0.0, description="Added to the std; also the zero-variance tolerance.")
+
+
+class LossConfig(_Strict):
+    clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="PPO ratio clip below 1. Ref: 0.2.")
+    clip_high: float = Field(0.28, ge=0.0, description="PPO ratio clip above 1. Ref: 0.28 (clip-higher).")
+    dual_clip_c: float | None = Field(
+        10.0, gt=1.0, description="Dual-clip bound for negative advantages; None disables. Ref: 10."
+    )
+    entropy_coef: float = Field(0.0, ge=0.0, description="Entropy bonus. Paper: 1e-4; ref script: 0.")
+    kl_coef: float = Field(0.0, ge=0.0, description="KL to a frozen reference model; 0 = off (ref).")
+    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
+        "token-mean", description="How per-token losses reduce to a scalar. Ref: token-mean."
+    )
+    exclude_zero_adv: bool = Field(
+        False,
+        description="Leave tokens of zero-advantage groups out of the token-mean denominator. Ours: off.",
+    )
+    mask_truncated: bool = Field(
+        False, description="Give truncated responses no loss (DAPO overlong filtering). Ours: off."
+    )
+
+
+class OptimConfig(_Strict):
+    lr: float = Field(1e-6, gt=0.0, description="AdamW learning rate. Ref: 1e-6 (7B model).")
+    warmup_steps: int = Field(10, ge=0, description="Linear lr warm-up, in optimizer steps. Ref: 10.")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay. Ref Ada: 0.")
+    grad_clip: float = Field(1.0, gt=0.0, description="Global grad-norm clip. Ref: 1.0.")
+    mini_batches: int = Field(
+        4, ge=1, description="Optimizer steps per training step (prompts split evenly). Ref: 512/128 = 4."
+    )
+    ppo_epochs: int = Field(1, ge=1, description="Passes over the step's groups. Ref: 1.")
+    micro_batch_size: int = Field(
+        16, ge=1, description="Sequences per forward/backward; gradients accumulate. Ours."
+    )
+    zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage. Ours: 0 on one CPU process.")
+
+
+class RolloutConfig(_Strict):
+    engine: Literal["transformers", "vllm"] = Field(
+        "transformers", description="Rollout engine: `transformers` (embedded CPU default) or `vllm` (server)."
+    )
+    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature. Ref: 1.0.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling. Ref: 1.0.")
+    max_tokens: int = Field(2048, ge=1, description="Max response tokens. Ref: 2048.")
+    micro_batch_size: int = Field(64, ge=1, description="Sequences per generate() call on the engine. Ours.")
+
+
+class DataConfig(_Strict):
+    dataset: str = Field(
+        "arithmetic",
+        description="Training prompts: a built-in generator name (`arithmetic`, or a reasoning-gym task) or a "
+        "local parquet/jsonl path in one of the supported HF schemas.",
+    )
+    train_size: int = Field(2048, ge=1, description="Prompts generated for built-in generators. Ours.")
+    eval_size: int = Field(128, ge=1, description="Held-out prompts for periodic evaluation. Ours.")
+    curation_k: int = Field(16, ge=1, description="Samples per prompt in the difficulty filter. Paper: 16.")
+    pass_rate_ceiling: float = Field(
+        0.3125, gt=0.0, le=1.0, description="Difficulty filter keeps 0 < pass rate <= this. Paper easy: 0.3125."
+    )
+
+
+class TrainConfig(_Strict):
+    """Everything one training run needs. Build with `build_config`, not by hand."""
+
+    preset: str = Field("grpo", description="Algorithm preset this config started from.")
+    profile: str = Field("tiny", description="Scale profile this config started from.")
+    model: str = Field("tiny", description="`tiny`, `smollm2-135m`, or a local HF model folder.")
+    seed: int = Field(0, description="Seeds data order, sampling and initialisation.")
+    steps: int = Field(400, ge=1, description="Training steps. Ref: 400; paper: 600.")
+    prompts_per_step: int = Field(512, ge=1, description="Prompts per step (B). Ref: 512.")
+    eval_every: int = Field(10, ge=0, description="Evaluate every E steps; 0 = never.")
+    eval_k: int = Field(4, ge=1, description="Samples per eval prompt for avg@k / pass@k. Paper: 32.")
+    eval_temperature: float = Field(1.0, gt=0.0, description="Eval sampling temperature. Paper: 1.0.")
+    checkpoint_every: int = Field(50, ge=0, description="Checkpoint every C steps; 0 = only at the end.")
+    sft_steps: int = Field(0, ge=0, description="SFT warm-start steps before RL (tiny model). Ours.")
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig)
+    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+
+
+# Each preset sets only what defines the algorithm; the comment on each value gives its source.
+PRESETS: dict[str, dict[str, Any]] = {
+    "grpo": {
+        "sampler": {"name": "fixed", "n": 4},  # paper's GRPO baseline, n=4
+        "advantage": {"name": "grpo"},  # ref GRPO script: group mean/std
+        "optim": {"weight_decay": 0.01},  # ref GRPO script (verl's default); Ada's uses 0
+    },
+    "dapo": {
+        "sampler": {"name": "dynamic_filter", "n": 4, "max_gen_batches": 3},  # DAPO; cap is ours
+        "advantage": {"name": "grpo"},
+        "optim": {"weight_decay": 0.01},
+    },
+    "ada-pos": {
+        "sampler": {"name": "ada", "exit_rule": "pos", "n": 4, "M": 8, "N": 4},  # paper + ref
+        "advantage": {"name": "global_mean"},  # ref: global statistics on, no std
+    },
+    "ada-balance": {
+        "sampler": {"name": "ada", "exit_rule": "balance", "n": 4, "M": 8, "N": 4},  # ref default variant
+        "advantage": {"name": "global_mean"},
+    },
+}
+
+PROFILES: dict[str, dict[str, Any]] = {
+    # The paper's 7B setting (ref script): 512 prompts, 2048 tokens, lr 1e-6.
+    "paper": {
+        "prompts_per_step": 512,
+        "steps": 400,
+        "eval_k": 32,
+        "optim": {"lr": 1e-6, "warmup_steps": 10, "mini_batches": 4},
+        "rollout": {"max_tokens": 2048},
+    },
+    # SmolLM2-135M on CPU: short answers, few prompts. Ours.
+    "smollm2-135m": {
+        "model": "smollm2-135m",
+        "prompts_per_step": 8,
+        "steps": 20,
+        "eval_every": 5,
+        "eval_k": 4,
+        "checkpoint_every": 10,
+        "optim": {"lr": 1e-6, "warmup_steps": 2, "mini_batches": 1, "micro_batch_size": 8},
+        "rollout": {"max_tokens": 64, "micro_batch_size": 32},
+        "data": {"train_size": 512, "eval_size": 32, "curation_k": 8},
+        "sampler": {"M": 4},
+    },
+    # The tiny Llama on `a+b=` arithmetic: DESIGN.md's CPU calibration point. Ours.
+    "tiny": {
+        "model": "tiny",
+        "prompts_per_step": 32,
+        "steps": 60,
+        "eval_every": 10,
+        "eval_k": 4,
+        "checkpoint_every": 20,
+        "sft_steps": 300,
+        "optim": {"lr": 3e-4, "warmup_steps": 2, "mini_batches": 1, "micro_batch_size": 128},
+        "rollout": {"max_tokens": 8, "micro_batch_size": 256},
+        "data": {"dataset": "arithmetic", "train_size": 2048, "eval_size": 128, "curation_k": 8,
+                 "pass_rate_ceiling": 0.875},
+        "sampler": {"M": 4},
+    },
+}
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def parse_set(assignments: list[str]) -> dict[str, Any]:
+    """Turn `["sampler.M=8", "loss.dual_clip_c=null"]` into a nested dict (values parsed as YAML)."""
+    out: dict[str, Any] = {}
+    for item in assignments:
+        if "=" not in item:
+            raise ValueError(f"--set {item!r}: expected key=value, e.g. sampler.M=8")
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        if not all(parts):
+            raise ValueError(f"--set {item!r}: empty key segment")
+        node = out
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = yaml.safe_load(raw)
+    return out
+
+
+def build_config(
+    preset: str = "grpo",
+    profile: str = "tiny",
+    config_file: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> TrainConfig:
+    """Layer defaults < profile < preset < config file < overrides, then validate.
+
+    A bad value raises `ConfigError` naming the dotted field, e.g. `sampler.n: ...`.
+    """
+    if preset not in PRESETS:
+        raise ConfigError(f"preset: unknown {preset!r}; choose from {sorted(PRESETS)}")
+    if profile not in PROFILES:
+        raise ConfigError(f"profile: unknown {profile!r}; choose from {sorted(PROFILES)}")
+    merged = deep_merge(PROFILES[profile], PRESETS[preset])
+    merged = deep_merge(merged, {"preset": preset, "profile": profile})
+    if config_file is not None:
+        path = Path(config_file)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path}: expected a mapping at the top level")
+        merged = deep_merge(merged, loaded)
+    if overrides:
+        merged = deep_merge(merged, overrides)
+    return validate_config(merged)
+
+
+class ConfigError(ValueError):
+    """A config value is invalid; the message names the dotted field."""
+
+
+def validate_config(data: dict[str, Any]) -> TrainConfig:
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err)) from None
+
+
+def format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "config"
+        lines.append(f"{loc}: {e['msg']} (got {e.get('input')!r})")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def flat_params(config: TrainConfig) -> dict[str, Any]:
+    """Dotted key -> value for every field, for logging as run parameters."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else k, v)
+        else:
+            out[prefix] = value
+
+    walk("", config.model_dump())
+    return out

@@ -1,0 +1,95 @@
+"""Metric keys: one scheme for JSONL files, MLflow and reports. `docs/METRICS.md` documents it.
+
+Keys are `namespace/name`, lower-case, using only letters, digits, `_`, `/` and `.` — all
+characters MLflow accepts. Cumulative counters end in `_cum`; durations end in `_s`.
+"""
+
+from __future__ import annotations
+
+import re
+
+_KEY = re.compile(r"^[a-z0-9_.]+(/[a-z0-9_.]+)+$")
+
+# sampler/: what the sampler did this step
+SAMPLER_EFFECTIVE_RATIO = "sampler/effective_ratio"  # kept groups with a nonzero advantage / prompts drawn
+SAMPLER_ALL_CORRECT_FRAC = "sampler/all_correct_frac"  # of prompts drawn, pool all positive
+SAMPLER_ALL_WRONG_FRAC = "sampler/all_wrong_frac"  # of prompts drawn, pool all negative
+SAMPLER_PROMPTS_DRAWN = "sampler/prompts_drawn"
+SAMPLER_GROUPS_KEPT = "sampler/groups_kept"
+SAMPLER_ROUNDS = "sampler/rounds"
+SAMPLER_UNRESOLVED = "sampler/unresolved"
+SAMPLER_UNRESOLVED_NO_POS = "sampler/unresolved_missing_pos"
+SAMPLER_UNRESOLVED_NO_NEG = "sampler/unresolved_missing_neg"
+SAMPLER_SAMPLES_PER_PROMPT_MEAN = "sampler/samples_per_prompt_mean"
+SAMPLER_SAMPLES_PER_PROMPT_MAX = "sampler/samples_per_prompt_max"
+SAMPLER_P_HAT_MEAN = "sampler/p_hat_mean"
+SAMPLER_GEN_BATCHES = "sampler/gen_batches"  # dapo
+SAMPLER_FELL_BACK = "sampler/fell_back"  # dapo: 1 when the cap was hit before B groups were kept
+SAMPLER_TIME_S = "sampler/bookkeeping_s"  # the sampler's own time, engine and verifier excluded
+
+
+def active_prompts_key(round_index: int) -> str:
+    """Prompts still active at the start of round `round_index` (0-based)."""
+    return f"sampler/active_round_{round_index}"
+
+
+def exit_reason_key(reason: str) -> str:
+    return f"sampler/exit_{reason}"
+
+
+def verifier_status_key(status: str) -> str:
+    return f"verifier/{status}"
+
+
+# budget/: what the step spent; `_cum` are run totals
+BUDGET_GENERATED_SAMPLES = "budget/generated_samples"
+BUDGET_GENERATED_TOKENS = "budget/generated_tokens"
+BUDGET_TRAINED_SAMPLES = "budget/trained_samples"
+BUDGET_TRAINED_TOKENS = "budget/trained_tokens"
+BUDGET_GENERATED_SAMPLES_CUM = "budget/generated_samples_cum"
+BUDGET_GENERATED_TOKENS_CUM = "budget/generated_tokens_cum"
+BUDGET_TRAINED_SAMPLES_CUM = "budget/trained_samples_cum"
+BUDGET_TRAINED_TOKENS_CUM = "budget/trained_tokens_cum"
+BUDGET_LOGPROB_TOKENS = "budget/logprob_tokens"  # tokens whose log-probs were recomputed (no grad)
+BUDGET_LOGPROB_TOKENS_CUM = "budget/logprob_tokens_cum"
+
+# time/: wall-time split of a step
+TIME_GENERATE_S = "time/generate_s"
+TIME_REWARD_S = "time/reward_s"
+TIME_UPDATE_S = "time/update_s"
+TIME_SYNC_S = "time/sync_s"
+TIME_STEP_S = "time/step_s"
+TIME_ELAPSED_S = "time/elapsed_s"  # run wall time so far
+
+# reward/ and response/
+REWARD_MEAN = "reward/mean"  # round-1 mean reward, comparable across variants
+REWARD_TRAINED_MEAN = "reward/trained_mean"  # mean reward of the kept groups
+RESPONSE_LENGTH_MEAN = "response/length_mean"
+RESPONSE_TRUNCATED_FRAC = "response/truncated_frac"
+
+# train/: the update
+TRAIN_LOSS = "train/loss"
+TRAIN_ENTROPY = "train/entropy"
+TRAIN_CLIP_FRAC = "train/clip_frac"
+TRAIN_APPROX_KL = "train/approx_kl"
+TRAIN_GRAD_NORM = "train/grad_norm"
+TRAIN_LR = "train/lr"
+TRAIN_KL_REF = "train/kl_ref"
+
+THROUGHPUT_GEN_TOKENS_PER_S = "throughput/gen_tokens_per_s"
+
+# eval/: held-out evaluation
+EVAL_AVG_AT_K = "eval/avg_at_k"
+EVAL_PASS_AT_K = "eval/pass_at_k"
+
+
+def is_valid_key(key: str) -> bool:
+    return bool(_KEY.match(key))
+
+
+def check_keys(metrics: dict[str, float]) -> dict[str, float]:
+    """Raise if any key breaks the scheme; return the dict for chaining."""
+    bad = [k for k in metrics if not is_valid_key(k)]
+    if bad:
+        raise ValueError(f"metric keys outside the namespace/name scheme: {bad}")
+    return metrics

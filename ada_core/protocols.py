@@ -1,0 +1,101 @@
+"""The interfaces where the pieces meet: rollout engine, verifier and prompt source.
+
+The sampler sees only a `RolloutEngine` and a `Verifier`, so any engine plugs in.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from ada_core.records import Prompt, Sample, VerifierStatus
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling parameters for one engine call."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 64
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    """Seed of this call; engines derive per-request seeds from it, so a call is reproducible."""
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Draws completions. One call serves a whole sampler round."""
+
+    def generate(self, requests: Sequence[tuple[Prompt, int]], sampling: SamplingParams) -> list[list[Sample]]:
+        """Return, for each `(prompt, k)` request, exactly k unscored Samples (reward None)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Verdict:
+    reward: float
+    status: VerifierStatus = VerifierStatus.OK
+
+
+@runtime_checkable
+class Verifier(Protocol):
+    """Scores completions in batches; never raises for a bad completion (status says why)."""
+
+    def verify(self, items: Sequence[tuple[Prompt, str]]) -> list[Verdict]:
+        ...
+
+
+class PromptSource:
+    """An endless, seeded, reshuffling iterator over prompts with a resumable cursor.
+
+    Each epoch is a fresh permutation drawn from `seed + epoch`, so the cursor (epoch, position) is
+    all a checkpoint needs to resume on exactly the same next prompts.
+    """
+
+    def __init__(self, prompts: Sequence[Prompt], seed: int = 0, shuffle: bool = True):
+        if not prompts:
+            raise ValueError("PromptSource needs at least one prompt")
+        self._prompts = list(prompts)
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.position = 0
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        order = list(range(len(self._prompts)))
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        return order
+
+    def __len__(self) -> int:
+        return len(self._prompts)
+
+    def take(self, k: int) -> list[Prompt]:
+        """The next k prompts, wrapping into a new epoch as needed."""
+        out: list[Prompt] = []
+        while len(out) < k:
+            if self.position >= len(self._order):
+                self.epoch += 1
+                self.position = 0
+                self._order = self._permutation(self.epoch)
+            out.append(self._prompts[self._order[self.position]])
+            self.position += 1
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "epoch": self.epoch, "position": self.position, "size": len(self._prompts)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("size", len(self._prompts)) != len(self._prompts):
+            raise ValueError(
+                f"prompt source cursor was saved over {state['size']} prompts but this source has "
+                f"{len(self._prompts)}: resume with the same dataset"
+            )
+        self.seed = int(state["seed"])
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
+        self._order = self._permutation(self.epoch)

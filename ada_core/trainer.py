@@ -1,0 +1,345 @@
+"""The training loop, built from step functions the platform wraps as Prefect tasks.
+
+One step: prompts -> sampler (engine + verifier) -> advantages -> update -> weight sync. Every E
+steps it evaluates, every C steps it checkpoints. `train` is the only loop; the Prefect flow passes
+task-wrapped versions of the same step functions through `StepFunctions`, so there is no second one.
+
+Run directory layout:
+    config.yaml            the validated TrainConfig
+    metrics.jsonl          one line per step (and per evaluation), keys from ada_core.metrics
+    generations.jsonl      sampled eval generations every E steps
+    checkpoints/step_N/    hf/ weights + tokenizer, optimizer/, trainer_state.json, COMPLETE marker
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from tqdm.auto import tqdm
+
+from ada_core import metrics as K
+from ada_core.config import TrainConfig
+from ada_core.data import load_prompts, split_prompts
+from ada_core.engines.deepspeed_engine import DeepSpeedUpdateEngine
+from ada_core.engines.transformers_engine import TransformersRolloutEngine
+from ada_core.models import encode_prompts, load_policy, resolve_model, sft_warm_start
+from ada_core.protocols import PromptSource, RolloutEngine, SamplingParams
+from ada_core.records import Prompt, RolloutBatch
+from ada_core.rewards import MathVerifier
+from ada_core.sampling import make_sampler
+
+log = logging.getLogger(__name__)
+
+CUMULATIVE = {
+    K.BUDGET_GENERATED_SAMPLES: K.BUDGET_GENERATED_SAMPLES_CUM,
+    K.BUDGET_GENERATED_TOKENS: K.BUDGET_GENERATED_TOKENS_CUM,
+    K.BUDGET_TRAINED_SAMPLES: K.BUDGET_TRAINED_SAMPLES_CUM,
+    K.BUDGET_TRAINED_TOKENS: K.BUDGET_TRAINED_TOKENS_CUM,
+    K.BUDGET_LOGPROB_TOKENS: K.BUDGET_LOGPROB_TOKENS_CUM,
+}
+
+
+@dataclass
+class RunState:
+    """Everything a run carries between steps. Built by `setup`, advanced by the step functions."""
+
+    config: TrainConfig
+    output_dir: Path
+    tokenizer: Any
+    rollout: RolloutEngine
+    updater: DeepSpeedUpdateEngine
+    verifier: MathVerifier
+    source: PromptSource
+    eval_prompts: list[Prompt]
+    rng: np.random.Generator
+    step: int = 0
+    totals: dict[str, float] = field(default_factory=lambda: {k: 0.0 for k in CUMULATIVE.values()})
+    elapsed_s: float = 0.0
+    num_params: int = 0
+
+    @property
+    def sampling(self) -> SamplingParams:
+        r = self.config.rollout
+        return SamplingParams(temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens)
+
+    def close(self) -> None:
+        self.verifier.close()
+
+
+@dataclass
+class StepFunctions:
+    """The step functions `train` composes; the Prefect flow substitutes task-wrapped versions."""
+
+    rollout: Callable[[RunState], RolloutBatch]
+    update: Callable[[RunState, RolloutBatch], dict[str, float]]
+    evaluate: Callable[[RunState], dict[str, float]]
+    checkpoint: Callable[[RunState], Path]
+
+
+@dataclass
+class Callbacks:
+    """Hooks for tracking; the flows log to MLflow through these. All optional."""
+
+    on_step: Callable[[int, dict[str, float]], None] | None = None
+    on_eval: Callable[[int, dict[str, float], list[dict[str, Any]]], None] | None = None
+    on_checkpoint: Callable[[int, Path], None] | None = None
+
+
+def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None = None) -> RunState:
+    """Build models, data and engines; with `resume`, restore the last complete checkpoint of that run."""
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    _seed_everything(config.seed)
+    checkpoint = latest_checkpoint(Path(resume)) if resume else None
+    if resume and checkpoint is None:
+        raise FileNotFoundError(f"--resume {resume}: no complete checkpoint under {Path(resume) / 'checkpoints'}")
+
+    prompts = load_prompts(config.data.dataset, size=config.data.train_size + config.data.eval_size, seed=config.seed)
+    train_prompts, eval_prompts = split_prompts(prompts, eval_size=config.data.eval_size, seed=config.seed)
+
+    if checkpoint is not None:
+        model_dir = checkpoint / "hf"
+    else:
+        model_dir = resolve_model(config.model)
+        if config.sft_steps > 0:
+            model_dir = sft_warm_start(model_dir, train_prompts, steps=config.sft_steps, seed=config.seed)
+    model, tokenizer = load_policy(model_dir)
+    encode_prompts(tokenizer, train_prompts)
+    encode_prompts(tokenizer, eval_prompts)
+
+    total_optimizer_steps = config.steps * config.optim.mini_batches * config.optim.ppo_epochs
+    updater = DeepSpeedUpdateEngine(
+        model, config.loss, config.optim, total_steps=total_optimizer_steps,
+        pad_token_id=tokenizer.pad_token_id, seed=config.seed,
+    )
+    rollout = TransformersRolloutEngine(updater.module, tokenizer, micro_batch_size=config.rollout.micro_batch_size)
+    state = RunState(
+        config=config,
+        output_dir=output_dir,
+        tokenizer=tokenizer,
+        rollout=rollout,
+        updater=updater,
+        verifier=MathVerifier(),
+        source=PromptSource(train_prompts, seed=config.seed),
+        eval_prompts=eval_prompts,
+        rng=np.random.default_rng(config.seed),
+        num_params=sum(p.numel() for p in model.parameters()),
+    )
+    (output_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(), sort_keys=False))
+    if checkpoint is not None:
+        _restore(state, checkpoint)
+    return state
+
+
+def rollout_step(state: RunState) -> RolloutBatch:
+    """Draw this step's prompts and run the configured sampler over them."""
+    sampler = make_sampler(state.config.sampler, state.config.advantage)
+    prompts = state.source.take(state.config.prompts_per_step)
+    return sampler.sample(prompts, state.rollout, state.verifier, state.sampling, state.rng, source=state.source)
+
+
+def update_step(state: RunState, batch: RolloutBatch) -> dict[str, float]:
+    """One policy update on the batch's groups, then the weight sync, each timed."""
+    start = time.perf_counter()
+    metrics = state.updater.update(batch.groups)
+    metrics[K.TIME_UPDATE_S] = time.perf_counter() - start
+    start = time.perf_counter()
+    # Engines in another process (vLLM) need the new weights; the in-process engine shares them.
+    sync = getattr(state.rollout, "sync_weights", None)
+    if sync is not None:
+        sync(state.updater.module)
+    metrics[K.TIME_SYNC_S] = time.perf_counter() - start
+    return metrics
+
+
+def evaluate(state: RunState) -> dict[str, float]:
+    """avg@k and pass@k on the held-out prompts at the eval temperature; writes sampled generations."""
+    cfg = state.config
+    sampling = SamplingParams(
+        temperature=cfg.eval_temperature, top_p=1.0, max_tokens=cfg.rollout.max_tokens, seed=cfg.seed + state.step
+    )
+    k = cfg.eval_k
+    samples = state.rollout.generate([(p, k) for p in state.eval_prompts], sampling)
+    flat = [(p, s) for p, group in zip(state.eval_prompts, samples) for s in group]
+    verdicts = state.verifier.verify([(p, s.text) for p, s in flat])
+    rewards = np.array([v.reward for v in verdicts], dtype=float).reshape(len(state.eval_prompts), k)
+    correct = rewards > cfg.sampler.positive_threshold
+    rows = [
+        {"step": state.step, "prompt_id": p.id, "prompt": p.text, "answer": p.answer, "completion": s.text,
+         "reward": v.reward, "status": v.status.value}
+        for (p, s), v in zip(flat, verdicts)
+    ]
+    with open(state.output_dir / "generations.jsonl", "a") as fh:
+        for row in rows[: 8 * k]:
+            fh.write(json.dumps(row) + "\n")
+    return {K.EVAL_AVG_AT_K: float(correct.mean()), K.EVAL_PASS_AT_K: float(correct.any(axis=1).mean())}
+
+
+def save_checkpoint(state: RunState) -> Path:
+    """Write HF weights, optimizer, RNG states and the data cursor; atomically (tmp dir, then rename)."""
+    root = state.output_dir / "checkpoints"
+    final = root / f"step_{state.step:06d}"
+    tmp = root / f".tmp_step_{state.step:06d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    state.updater.module.save_pretrained(tmp / "hf", safe_serialization=True)
+    state.tokenizer.save_pretrained(tmp / "hf")
+    state.updater.save(tmp / "optimizer")
+    trainer_state = {
+        "step": state.step,
+        "totals": state.totals,
+        "elapsed_s": state.elapsed_s,
+        "source": state.source.state_dict(),
+        "numpy_rng": state.rng.bit_generator.state,
+        "python_rng": _jsonable(random.getstate()),
+    }
+    (tmp / "trainer_state.json").write_text(json.dumps(trainer_state))
+    torch.save(torch.get_rng_state(), tmp / "torch_rng.pt")
+    (tmp / "COMPLETE").write_text("ok\n")
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    return final
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest checkpoint with its COMPLETE marker; half-written ones are ignored."""
+    root = run_dir / "checkpoints"
+    done = sorted(p for p in root.glob("step_*") if (p / "COMPLETE").is_file()) if root.is_dir() else []
+    return done[-1] if done else None
+
+
+def _restore(state: RunState, checkpoint: Path) -> None:
+    saved = json.loads((checkpoint / "trainer_state.json").read_text())
+    state.step = int(saved["step"])
+    state.totals.update(saved["totals"])
+    state.elapsed_s = float(saved["elapsed_s"])
+    state.source.load_state_dict(saved["source"])
+    state.rng.bit_generator.state = saved["numpy_rng"]
+    random.setstate(_python_rng(saved["python_rng"]))
+    torch.set_rng_state(torch.load(checkpoint / "torch_rng.pt"))
+    state.updater.load(checkpoint / "optimizer")
+    _keep_metrics_until(checkpoint.parents[1] / "metrics.jsonl", state.output_dir / "metrics.jsonl", state.step)
+    log.info("resumed from %s at step %d", checkpoint, state.step)
+
+
+def step_metrics(state: RunState, batch: RolloutBatch, update: dict[str, float], step_s: float) -> dict[str, float]:
+    """Merge the sampler's and the update's metrics with the run totals and the time split."""
+    out = dict(batch.metrics)
+    out.update(update)
+    out[K.BUDGET_LOGPROB_TOKENS] = out.get(K.BUDGET_TRAINED_TOKENS, 0.0)  # one old-log-prob recompute
+    for per_step, cum in CUMULATIVE.items():
+        state.totals[cum] += out.get(per_step, 0.0)
+    out.update(state.totals)
+    out[K.TIME_STEP_S] = step_s
+    out[K.TIME_ELAPSED_S] = state.elapsed_s
+    gen_s = out.get(K.TIME_GENERATE_S, 0.0)
+    out[K.THROUGHPUT_GEN_TOKENS_PER_S] = out.get(K.BUDGET_GENERATED_TOKENS, 0.0) / gen_s if gen_s > 0 else 0.0
+    return K.check_keys({k: float(v) for k, v in out.items()})
+
+
+DEFAULT_STEPS = StepFunctions(rollout=rollout_step, update=update_step, evaluate=evaluate, checkpoint=save_checkpoint)
+
+
+def run_steps(state: RunState, steps: StepFunctions = DEFAULT_STEPS, callbacks: Callbacks | None = None) -> dict[str, float]:
+    """Advance `state` to `config.steps`, evaluating and checkpointing on schedule. Returns the last metrics."""
+    cfg = state.config
+    callbacks = callbacks or Callbacks()
+    last: dict[str, float] = {}
+    metrics_path = state.output_dir / "metrics.jsonl"
+    bar = tqdm(total=cfg.steps, initial=state.step, desc=f"{cfg.preset}", unit="step", dynamic_ncols=True)
+    try:
+        while state.step < cfg.steps:
+            if state.step == 0 and cfg.eval_every > 0:
+                _run_eval(state, steps, callbacks, metrics_path)
+            start = time.perf_counter()
+            batch = steps.rollout(state)
+            update = steps.update(state, batch)
+            step_s = time.perf_counter() - start
+            state.step += 1
+            state.elapsed_s += step_s
+            last = step_metrics(state, batch, update, step_s)
+            _append_jsonl(metrics_path, {"step": state.step, **last})
+            if callbacks.on_step:
+                callbacks.on_step(state.step, last)
+            if cfg.eval_every > 0 and (state.step % cfg.eval_every == 0 or state.step == cfg.steps):
+                last.update(_run_eval(state, steps, callbacks, metrics_path))
+            if state.step == cfg.steps or (cfg.checkpoint_every > 0 and state.step % cfg.checkpoint_every == 0):
+                path = steps.checkpoint(state)
+                if callbacks.on_checkpoint:
+                    callbacks.on_checkpoint(state.step, path)
+            bar.update(1)
+            bar.set_postfix(reward=f"{last.get(K.REWARD_MEAN, 0):.3f}", eff=f"{last.get(K.SAMPLER_EFFECTIVE_RATIO, 0):.2f}",
+                            acc=f"{last.get(K.EVAL_AVG_AT_K, float('nan')):.3f}")
+    finally:
+        bar.close()
+    return last
+
+
+def _run_eval(state: RunState, steps: StepFunctions, callbacks: Callbacks, metrics_path: Path) -> dict[str, float]:
+    result = steps.evaluate(state)
+    _append_jsonl(metrics_path, {"step": state.step, **result})
+    if callbacks.on_eval:
+        callbacks.on_eval(state.step, result, _read_generations(state.output_dir, state.step))
+    return result
+
+
+def train(config: TrainConfig, output_dir: str | Path, resume: str | Path | None = None,
+          steps: StepFunctions = DEFAULT_STEPS, callbacks: Callbacks | None = None) -> dict[str, float]:
+    """Set up, run every step, clean up. Returns the final step's metrics."""
+    state = setup(config, output_dir, resume=resume)
+    try:
+        return run_steps(state, steps, callbacks)
+    finally:
+        state.close()
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, float]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def _read_generations(run_dir: Path, step: int) -> list[dict[str, Any]]:
+    path = run_dir / "generations.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return [r for r in rows if r["step"] == step]
+
+
+def _keep_metrics_until(source: Path, target: Path, step: int) -> None:
+    """Carry the resumed run's metrics up to `step` into `target`, dropping rows logged after the checkpoint."""
+    if not source.exists():
+        return
+    rows = [line for line in source.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+    tmp = target.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in rows))
+    tmp.replace(target)
+
+
+def _append_jsonl(path: Path, row: dict[str, Any]) -> None:
+    with open(path, "a") as fh:
+        fh.write(json.dumps(row) + "\n")
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _jsonable(state: Any) -> Any:
+    return [_jsonable(x) for x in state] if isinstance(state, tuple | list) else state
+
+
+def _python_rng(saved: list[Any]) -> tuple[Any, ...]:
+    version, internal, gauss = saved
+    return version, tuple(internal), gauss
