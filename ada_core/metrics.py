@@ -76,6 +76,12 @@ TRAIN_GRAD_NORM = "train/grad_norm"
 TRAIN_LR = "train/lr"
 TRAIN_KL_REF = "train/kl_ref"
 
+# update/: the update engine's own diagnostics and time split
+UPDATE_OLD_LOGPROB_GAP_MEAN = "update/old_logprob_gap_mean"  # mean |behaviour - recomputed old| log-prob
+UPDATE_OPTIMIZER_STEPS = "update/optimizer_steps"  # optimizer steps taken this step
+UPDATE_RECOMPUTE_S = "update/recompute_s"  # old (and reference) log-prob recompute
+UPDATE_OPTIMIZE_S = "update/optimize_s"  # forward/backward/optimizer steps
+
 THROUGHPUT_GEN_TOKENS_PER_S = "throughput/gen_tokens_per_s"
 
 # eval/: held-out evaluation
