@@ -1,0 +1,206 @@
+"""The embedded CPU rollout engine: batched sampling from an in-process HF causal LM with a KV cache.
+
+One `generate` call serves a whole sampler round: every `(prompt, k)` request is expanded to k rows,
+rows are split into micro-batches, each micro-batch is left-padded and decoded token by token.
+The engine shares its model object with the update engine, so new weights need no sync.
+
+Conventions (the update engine relies on them):
+- `completion_ids` keep the EOS token, so the policy is trained to stop; `text` excludes it.
+- `logprobs[t]` is log softmax(logits_t / T)[token_t]: the temperature-scaled distribution WITHOUT
+  top-p renormalisation, exactly what the update engine recomputes for the old policy, so the PPO
+  ratio starts at 1 (at T=1 and top_p=1 it is the exact sampling probability).
+- `truncated` is True when `max_tokens` ran out before EOS or a stop string.
+- A stop string ends the completion: `text` is cut before it, `completion_ids` end with the token
+  that completed it (the policy learns to emit it).
+
+Seeding: row (request i, copy j) draws its uniforms from its own generator seeded by
+hash(sampling.seed, i, j), and tokens are drawn by inverse-CDF sampling. So the same seed gives the
+same samples whatever the micro-batch size, and copy j of a request does not depend on k.
+A seed of None draws a fresh random base seed per call.
+
+Why our own loop rather than `model.generate`: on CPU with a ~400K-parameter model the per-token
+Python overhead dominates, and `generate` adds logits processors, stopping criteria and score
+copies on every token (measured in docs/BENCHMARKS.md `## Engines`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import random
+from collections.abc import Sequence
+
+import torch
+
+from ada_core.protocols import SamplingParams
+from ada_core.records import Prompt, Sample
+
+
+class TransformersRolloutEngine:
+    """`RolloutEngine` over an HF causal LM (any `AutoModelForCausalLM` with a KV cache)."""
+
+    def __init__(self, model, tokenizer, micro_batch_size: int = 64):
+        if micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.micro_batch_size = micro_batch_size
+        self.eos_ids = _eos_ids(model, tokenizer)
+        if not self.eos_ids:
+            raise ValueError("the tokenizer and model config define no eos token; generation could never stop")
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.pad_id = int(pad)
+        params = inspect.signature(model.forward).parameters
+        # transformers 5 renamed `past_key_values` to `cache`; `logits_to_keep=1` skips the LM head
+        # over the prompt positions at prefill, where the models that support it.
+        self._step_kwargs = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+
+    def generate(self, requests: Sequence[tuple[Prompt, int]], sampling: SamplingParams) -> list[list[Sample]]:
+        """Return, for each `(prompt, k)` request, exactly k unscored Samples, in request order."""
+        _check_sampling(sampling)
+        rows: list[tuple[int, int]] = []  # (request index, copy index)
+        for i, (prompt, k) in enumerate(requests):
+            if not prompt.prompt_ids:
+                raise ValueError(f"prompt {prompt.id}: prompt_ids is empty; encode prompts before generating")
+            if k < 0:
+                raise ValueError(f"prompt {prompt.id}: requested k={k} samples; k must be >= 0")
+            rows.extend((i, j) for j in range(k))
+        base_seed = sampling.seed if sampling.seed is not None else random.SystemRandom().getrandbits(63)
+        out: list[list[Sample]] = [[] for _ in requests]
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            # no_grad, not inference_mode: the model is shared with the update engine, and any tensor
+            # a module caches under inference_mode could not be saved for backward later.
+            with torch.no_grad():
+                for start in range(0, len(rows), self.micro_batch_size):
+                    chunk = rows[start : start + self.micro_batch_size]
+                    prompts = [requests[i][0] for i, _ in chunk]
+                    seeds = [_row_seed(base_seed, i, j) for i, j in chunk]
+                    for (i, _), sample in zip(chunk, self._generate_batch(prompts, seeds, sampling)):
+                        out[i].append(sample)
+        finally:
+            self.model.train(was_training)
+        return out
+
+    def _generate_batch(self, prompts: list[Prompt], seeds: list[int], sampling: SamplingParams) -> list[Sample]:
+        """Sample one completion per row of a left-padded micro-batch."""
+        device = next(self.model.parameters()).device
+        batch, width, steps = len(prompts), max(len(p.prompt_ids) for p in prompts), sampling.max_tokens
+        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((batch, width), dtype=torch.long)
+        for r, p in enumerate(prompts):
+            input_ids[r, width - len(p.prompt_ids) :] = torch.tensor(p.prompt_ids, dtype=torch.long)
+            attention[r, width - len(p.prompt_ids) :] = 1
+        # One uniform per (row, step), from the row's own generator: independent of batch layout.
+        uniforms = torch.stack([torch.rand(steps, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
+                                for s in seeds]).to(device)
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        eos = torch.tensor(self.eos_ids, device=device)
+
+        tokens = torch.full((batch, steps), self.pad_id, dtype=torch.long, device=device)
+        logprobs = torch.zeros((batch, steps), dtype=torch.float32, device=device)
+        lengths = torch.full((batch,), steps, dtype=torch.long, device=device)  # tokens kept per row
+        ended = torch.zeros(batch, dtype=torch.bool, device=device)  # EOS or a stop string seen
+        stop_cut: dict[int, int] = {}  # row -> char offset of the stop string in its text
+        cache = _new_cache(self.model)
+        step_input, step_pos = input_ids, positions
+        for t in range(steps):
+            logits = self.model(input_ids=step_input, attention_mask=attention, position_ids=step_pos,
+                                use_cache=True, **self._step_kwargs, **{self._cache_kwarg: cache}).logits[:, -1, :]
+            token, logprob = sample_tokens(logits, uniforms[:, t], sampling.temperature, sampling.top_p)
+            token = torch.where(ended, torch.full_like(token, self.pad_id), token)
+            tokens[:, t], logprobs[:, t] = token, logprob
+            hit_eos = torch.isin(token, eos) & ~ended
+            lengths = torch.where(hit_eos, torch.full_like(lengths, t + 1), lengths)
+            ended |= hit_eos
+            if sampling.stop:
+                for r in (~ended).nonzero().flatten().tolist():
+                    cut = _find_stop(self.tokenizer.decode(tokens[r, : t + 1].tolist(), skip_special_tokens=True),
+                                     sampling.stop)
+                    if cut is not None:
+                        stop_cut[r], lengths[r], ended[r] = cut, t + 1, True
+            if bool(ended.all()):
+                break
+            step_input = token.unsqueeze(-1)
+            attention = torch.cat([attention, torch.ones((batch, 1), dtype=attention.dtype, device=device)], dim=1)
+            step_pos = step_pos[:, -1:] + 1
+
+        samples = []
+        for r, prompt in enumerate(prompts):
+            n = int(lengths[r])
+            ids = tokens[r, :n].tolist()
+            body = ids[:-1] if ids and ids[-1] in self.eos_ids and r not in stop_cut else ids
+            text = self.tokenizer.decode(body, skip_special_tokens=True)
+            if r in stop_cut:
+                text = text[: stop_cut[r]]
+            samples.append(Sample(prompt_id=prompt.id, completion_ids=ids, logprobs=logprobs[r, :n].tolist(),
+                                  text=text, truncated=not bool(ended[r])))
+        return samples
+
+
+def sample_tokens(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float, top_p: float):
+    """Inverse-CDF sampling at temperature T with nucleus top_p.
+
+    logits [B, V], uniforms [B] in [0, 1) -> (tokens [B], behaviour log-probs [B]). The log-prob is
+    log softmax(logits / T) of the drawn token, without top-p renormalisation (see module docstring).
+
+    Example: probs [0.5, 0.3, 0.2], top_p 0.6 keeps tokens 0 and 1 (the smallest set reaching 0.6),
+    renormalised to [0.625, 0.375, 0]; u = 0.7 draws token 1 with log-prob log(0.3).
+    """
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    probs = logp.double().exp()
+    if top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly ahead of each token
+        sorted_probs = torch.where(before < top_p, sorted_probs, torch.zeros_like(sorted_probs))
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    cdf = probs.cumsum(-1)
+    # right=True picks the first index whose cdf exceeds u * total, so a zero-probability token is
+    # never drawn; the clamp guards float rounding at the very top.
+    tokens = torch.searchsorted(cdf, (uniforms.double() * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
+    tokens = tokens.clamp(max=logits.shape[-1] - 1)
+    return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def _check_sampling(sampling: SamplingParams) -> None:
+    if sampling.temperature <= 0:
+        raise ValueError(f"sampling.temperature must be > 0, got {sampling.temperature} (greedy is not supported)")
+    if not 0.0 < sampling.top_p <= 1.0:
+        raise ValueError(f"sampling.top_p must be in (0, 1], got {sampling.top_p}")
+    if sampling.max_tokens < 1:
+        raise ValueError(f"sampling.max_tokens must be >= 1, got {sampling.max_tokens}")
+
+
+def _row_seed(base_seed: int, request: int, copy: int) -> int:
+    digest = hashlib.blake2b(f"{base_seed}:{request}:{copy}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def _find_stop(text: str, stops: tuple[str, ...]) -> int | None:
+    """Char offset of the earliest stop string in `text`, or None."""
+    found = [text.find(s) for s in stops if s and s in text]
+    return min(found) if found else None
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    ids: list[int] = []
+    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (tokenizer.eos_token_id, config_eos):
+        if value is None:
+            continue
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if int(v) not in ids:
+                ids.append(int(v))
+    return ids
+
+
+def _new_cache(model):
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # older transformers
+        return DynamicCache()

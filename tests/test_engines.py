@@ -1,0 +1,346 @@
+"""The rollout engine and the DeepSpeed update engine on the real tiny Llama (models.build_tiny), on CPU."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from ada_core import metrics as K
+from ada_core.config import LossConfig, OptimConfig
+from ada_core.engines.transformers_engine import TransformersRolloutEngine, sample_tokens
+from ada_core.models import build_tiny, format_prompt_ids, load_policy
+from ada_core.protocols import RolloutEngine, SamplingParams
+from ada_core.records import Group, Prompt
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The tiny model gains nothing from intra-op threads, and on a shared 2-core machine OpenMP
+    contention made these tests ~20x slower with 2 threads than with 1."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    model, tokenizer = load_policy(build_tiny(tmp_path_factory.mktemp("models") / "tiny", seed=0))
+    return model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny):
+    _, tokenizer = tiny
+    out = [Prompt(id=f"p{i}", text=f"{i}+{3 * i + 7}=", answer=str(4 * i + 7), meta={"answer_format": "plain"})
+           for i in range(12)]
+    for p in out:
+        p.prompt_ids = format_prompt_ids(tokenizer, p)
+    return out
+
+
+def _full_forward_logprobs(model, prompt_ids, completion_ids, temperature=1.0):
+    ids = torch.tensor([prompt_ids + completion_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion_ids)[:, None]).squeeze(-1)
+
+
+# --- rollout ----------------------------------------------------------------------------------
+
+
+def test_generate_returns_k_unscored_samples_per_request_in_order(tiny, prompts):
+    model, tokenizer = tiny
+    engine = TransformersRolloutEngine(model, tokenizer, micro_batch_size=5)
+    assert isinstance(engine, RolloutEngine)
+    ks = [3, 0, 1, 4] * 3
+    out = engine.generate(list(zip(prompts, ks)), SamplingParams(max_tokens=6, seed=1))
+    assert [len(group) for group in out] == ks
+    eos = tokenizer.eos_token_id
+    ended = truncated = 0
+    for prompt, group in zip(prompts, out):
+        for s in group:
+            assert s.prompt_id == prompt.id and s.reward is None
+            assert 1 <= len(s.completion_ids) <= 6 and len(s.logprobs) == len(s.completion_ids)
+            assert all(lp <= 0 for lp in s.logprobs)
+            assert eos not in s.completion_ids[:-1], "generation continued past EOS"
+            if s.completion_ids[-1] == eos:  # EOS kept in the ids (the policy learns to stop) ...
+                assert not s.truncated
+                ended += 1
+            else:  # ... and a row without EOS ran out of tokens
+                assert s.truncated and len(s.completion_ids) == 6
+                truncated += 1
+            assert s.text == tokenizer.decode(s.completion_ids, skip_special_tokens=True)
+            assert "<eos>" not in s.text
+    assert ended and truncated, "the seeded draw should contain both endings"
+
+
+def test_always_eos_model_gives_one_token_empty_text(tiny, prompts):
+    model, tokenizer = tiny
+    stopper = copy.deepcopy(model)
+    head = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=True)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.zero_()
+        head.bias[tokenizer.eos_token_id] = 50.0  # eos logit dwarfs every other one
+    stopper.lm_head = head
+    out = TransformersRolloutEngine(stopper, tokenizer).generate([(prompts[0], 2)], SamplingParams(seed=0))
+    for s in out[0]:
+        assert s.completion_ids == [tokenizer.eos_token_id] and s.text == "" and not s.truncated
+
+
+def test_same_seed_same_samples_whatever_the_micro_batch(tiny, prompts):
+    model, tokenizer = tiny
+    requests = [(p, 3) for p in prompts]
+    sampling = SamplingParams(temperature=1.0, max_tokens=6, seed=7)
+    a = TransformersRolloutEngine(model, tokenizer, micro_batch_size=64).generate(requests, sampling)
+    b = TransformersRolloutEngine(model, tokenizer, micro_batch_size=4).generate(requests, sampling)
+    c = TransformersRolloutEngine(model, tokenizer, micro_batch_size=64).generate(requests, SamplingParams(
+        temperature=1.0, max_tokens=6, seed=8))
+    ids = lambda out: [s.completion_ids for group in out for s in group]  # noqa: E731
+    assert ids(a) == ids(b)
+    assert ids(a) != ids(c)
+    for ga, gb in zip(a, b):
+        for sa, sb in zip(ga, gb):
+            assert sa.logprobs == pytest.approx(sb.logprobs, abs=1e-5)
+    # Copy j of a request does not depend on how many copies were asked for.
+    fewer = TransformersRolloutEngine(model, tokenizer).generate([(p, 1) for p in prompts], sampling)
+    assert [g[0].completion_ids for g in fewer] == [g[0].completion_ids for g in a]
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 1.0), (1.3, 0.8)])
+def test_behaviour_logprobs_are_temperature_scaled_without_top_p_renormalisation(tiny, prompts, temperature, top_p):
+    model, tokenizer = tiny
+    engine = TransformersRolloutEngine(model, tokenizer, micro_batch_size=8)
+    out = engine.generate([(p, 2) for p in prompts[:6]], SamplingParams(temperature, top_p, max_tokens=5, seed=3))
+    for prompt, group in zip(prompts, out):
+        for s in group:
+            expected = _full_forward_logprobs(model, prompt.prompt_ids, s.completion_ids, temperature)
+            assert torch.allclose(torch.tensor(s.logprobs), expected, atol=1e-4)
+
+
+def test_sample_tokens_worked_example_and_nucleus():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]] * 4))
+    tokens, logprobs = sample_tokens(logits, torch.tensor([0.1, 0.7, 0.99, 0.0]), temperature=1.0, top_p=0.6)
+    # nucleus {0, 1} renormalised to [0.625, 0.375]: u < 0.625 -> token 0, else token 1; never token 2
+    assert tokens.tolist() == [0, 1, 1, 0]
+    assert torch.allclose(logprobs, torch.log(torch.tensor([0.5, 0.3, 0.3, 0.5])))
+    full, _ = sample_tokens(logits[:3], torch.tensor([0.1, 0.7, 0.99]), temperature=1.0, top_p=1.0)
+    assert full.tolist() == [0, 1, 2]
+    zero_prob = torch.tensor([[-math.inf, 0.0, -math.inf]])
+    assert sample_tokens(zero_prob, torch.tensor([0.0]), 1.0, 1.0)[0].item() == 1
+
+
+def test_stop_string_truncates_text_and_ids(tiny, prompts):
+    model, tokenizer = tiny
+    engine = TransformersRolloutEngine(model, tokenizer)
+    plain = engine.generate([(p, 4) for p in prompts], SamplingParams(max_tokens=8, seed=5))
+    stopped = engine.generate([(p, 4) for p in prompts], SamplingParams(max_tokens=8, seed=5, stop=("=",)))
+    hits = 0
+    for group_plain, group_stop in zip(plain, stopped):
+        for a, b in zip(group_plain, group_stop):
+            assert "=" not in b.text
+            assert a.completion_ids[: len(b.completion_ids)] == b.completion_ids  # same draw, cut short
+            if "=" in a.text:
+                hits += 1
+                assert b.text == a.text[: a.text.index("=")]
+                assert tokenizer.decode(b.completion_ids[-1:]) == "=" and not b.truncated
+    assert hits > 0, "the seeded draw should hit the stop string"
+
+
+def test_generate_rejects_bad_input_and_restores_train_mode(tiny, prompts):
+    model, tokenizer = tiny
+    engine = TransformersRolloutEngine(model, tokenizer)
+    with pytest.raises(ValueError, match="prompt empty-one: prompt_ids is empty"):
+        engine.generate([(Prompt(id="empty-one", text="1+1=", answer="2"), 1)], SamplingParams())
+    with pytest.raises(ValueError, match="temperature"):
+        engine.generate([(prompts[0], 1)], SamplingParams(temperature=0.0))
+    model.train()
+    try:
+        engine.generate([(prompts[0], 1)], SamplingParams(max_tokens=2, seed=0))
+        assert model.training
+    finally:
+        model.eval()
+
+
+# --- update -----------------------------------------------------------------------------------
+
+OPTIM = dict(lr=1e-3, warmup_steps=0, mini_batches=1, micro_batch_size=16)
+
+
+@pytest.fixture(scope="module")
+def make_updater(tiny):
+    """Build update engines on copies of the tiny model. The first pays DeepSpeed's import and
+    process-group set-up; later ones reuse the process group and take well under a second."""
+    from ada_core.engines.deepspeed_engine import DeepSpeedUpdateEngine
+
+    model, tokenizer = tiny
+
+    def make(loss=None, weights=None, ref_model=None, **optim):
+        policy = copy.deepcopy(model)
+        if weights is not None:
+            policy.load_state_dict(weights)
+        return DeepSpeedUpdateEngine(policy, loss or LossConfig(), OptimConfig(**{**OPTIM, **optim}),
+                                     total_steps=10, pad_token_id=tokenizer.pad_token_id, ref_model=ref_model, seed=0)
+
+    return make
+
+
+def _groups(updater, tokenizer, prompts, seed, advantages=(1.0, -1.0, 0.5, -0.5), temperature=1.0):
+    rollout = TransformersRolloutEngine(updater.module, tokenizer)
+    sampling = SamplingParams(temperature, max_tokens=6, seed=seed)
+    out = rollout.generate([(p, len(advantages)) for p in prompts], sampling)
+    return [Group(prompt=p, samples=s, advantages=list(advantages), pool_size=len(s), pool_positives=2, p_hat=0.5)
+            for p, s in zip(prompts, out)]
+
+
+def _weights(module):
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def _seq_logprob(model, groups):
+    total = 0.0
+    for g in groups:
+        for s in g.samples:
+            total += float(_full_forward_logprobs(model, g.prompt.prompt_ids, s.completion_ids).sum())
+    return total
+
+
+def test_updates_give_finite_metrics_and_change_the_shared_weights(make_updater, tiny, prompts):
+    _, tokenizer = tiny
+    updater = make_updater(mini_batches=2)
+    rollout = TransformersRolloutEngine(updater.module, tokenizer)
+    before = _weights(updater.module)
+    probe = rollout.generate([(prompts[0], 1)], SamplingParams(max_tokens=4, seed=0))[0][0]
+    for step in range(3):
+        metrics = updater.update(_groups(updater, tokenizer, prompts, seed=step))
+        assert set(metrics) >= {K.TRAIN_LOSS, K.TRAIN_ENTROPY, K.TRAIN_CLIP_FRAC, K.TRAIN_APPROX_KL,
+                                K.TRAIN_GRAD_NORM, K.TRAIN_LR, K.TRAIN_KL_REF, K.UPDATE_OLD_LOGPROB_GAP_MEAN}
+        assert all(isinstance(v, float) and math.isfinite(v) for v in metrics.values())
+        K.check_keys(metrics)
+        assert metrics[K.UPDATE_OPTIMIZER_STEPS] == 2.0 and metrics[K.TRAIN_GRAD_NORM] > 0
+        assert 0 < metrics[K.TRAIN_ENTROPY] <= math.log(len(tokenizer)) + 1e-4
+    assert updater.optimizer_steps == 6
+    after = _weights(updater.module)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert all(torch.isfinite(v).all() for v in after.values())
+    # The rollout engine holds the same model object: it samples from the new weights at once.
+    again = rollout.generate([(prompts[0], 1)], SamplingParams(max_tokens=4, seed=0))[0][0]
+    assert again.completion_ids != probe.completion_ids or again.logprobs != pytest.approx(probe.logprobs, abs=1e-6)
+
+
+def test_first_minibatch_ratio_is_one(make_updater, tiny, prompts):
+    _, tokenizer = tiny
+    updater = make_updater(mini_batches=1)
+    metrics = updater.update(_groups(updater, tokenizer, prompts, seed=11))
+    assert metrics[K.UPDATE_OLD_LOGPROB_GAP_MEAN] < 1e-4  # recomputed old == behaviour at T=1
+    assert metrics[K.TRAIN_APPROX_KL] < 1e-9
+    assert metrics[K.TRAIN_CLIP_FRAC] == 0.0
+
+
+def test_positive_advantage_raises_logprob_of_those_completions(make_updater, tiny, prompts):
+    _, tokenizer = tiny
+    updater = make_updater(lr=3e-3)
+    groups = _groups(updater, tokenizer, prompts, seed=21, advantages=(1.0, 1.0))
+    before = _seq_logprob(updater.module, groups)
+    updater.update(groups)
+    assert _seq_logprob(updater.module, groups) > before + 0.1
+
+
+def test_gradient_accumulation_matches_one_big_micro_batch(make_updater, tiny, prompts):
+    _, tokenizer = tiny
+    big, small = make_updater(micro_batch_size=64), make_updater(micro_batch_size=5)
+    grads = {}
+    for name, updater in (("big", big), ("small", small)):
+        # The gradient the optimizer sees (after accumulation and clipping). Weights after one Adam
+        # step would amplify float noise on near-zero gradients, since Adam's first step is ~lr*sign(g).
+        updater.optimizer.register_step_pre_hook(
+            lambda opt, args, kwargs, name=name: grads.__setitem__(
+                name, [p.grad.clone() for g in opt.param_groups for p in g["params"]]))
+    groups = _groups(big, tokenizer, prompts, seed=31)
+    m_big, m_small = big.update(groups), small.update(groups)
+    assert m_small[K.TRAIN_LOSS] == pytest.approx(m_big[K.TRAIN_LOSS], abs=1e-5)
+    assert m_small[K.TRAIN_GRAD_NORM] == pytest.approx(m_big[K.TRAIN_GRAD_NORM], rel=1e-4)
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(grads["big"], grads["small"]))
+
+
+def test_zero_stage_2_matches_stage_0(make_updater, tiny, prompts):
+    _, tokenizer = tiny
+    stage0, stage2 = make_updater(micro_batch_size=8), make_updater(micro_batch_size=8, zero_stage=2)
+    groups = _groups(stage0, tokenizer, prompts, seed=41)
+    m0, m2 = stage0.update(groups), stage2.update(groups)
+    assert m2[K.TRAIN_GRAD_NORM] == pytest.approx(m0[K.TRAIN_GRAD_NORM], rel=1e-4)
+    w0, w2 = _weights(stage0.module), _weights(stage2.module)
+    assert all(torch.allclose(w0[k], w2[k], atol=1e-6) for k in w0)
+
+
+def test_warmup_then_constant_lr_and_empty_update(make_updater, tiny, prompts):
+    _, tokenizer = tiny
+    updater = make_updater(lr=1e-3, warmup_steps=4)
+    groups = _groups(updater, tokenizer, prompts[:4], seed=51)
+    lrs = [updater.update(groups)[K.TRAIN_LR] for _ in range(5)]
+    assert lrs == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
+    before = _weights(updater.module)
+    empty = updater.update([])
+    assert empty[K.TRAIN_LOSS] == 0.0 and empty[K.UPDATE_OPTIMIZER_STEPS] == 0.0
+    assert updater.optimizer_steps == 5
+    assert all(torch.equal(before[k], v) for k, v in _weights(updater.module).items())
+
+
+def test_weight_decay_shrinks_matrices_only(make_updater, tiny, prompts):
+    _, tokenizer = tiny
+    updater = make_updater(lr=1e-2, weight_decay=0.5)
+    groups = _groups(updater, tokenizer, prompts[:4], seed=61, advantages=(0.0, 0.0))  # no policy gradient
+    before = _weights(updater.module)
+    updater.update(groups)
+    for name, value in _weights(updater.module).items():
+        factor = 1 - 1e-2 * 0.5 if value.ndim >= 2 else 1.0
+        assert torch.allclose(value, before[name] * factor, atol=1e-7), name
+
+
+def test_kl_to_reference_is_zero_then_grows(make_updater, tiny, prompts):
+    model, tokenizer = tiny
+    ref = copy.deepcopy(model)
+    updater = make_updater(loss=LossConfig(kl_coef=0.1), ref_model=ref, lr=3e-3)
+    first = updater.update(_groups(updater, tokenizer, prompts, seed=71))
+    assert first[K.TRAIN_KL_REF] < 1e-9
+    second = updater.update(_groups(updater, tokenizer, prompts, seed=72))
+    assert second[K.TRAIN_KL_REF] > 1e-5
+
+
+def test_save_load_round_trips_optimizer_and_resumes_identically(make_updater, tiny, prompts, tmp_path):
+    _, tokenizer = tiny
+    a = make_updater(mini_batches=2, warmup_steps=3)
+    a.update(_groups(a, tokenizer, prompts, seed=81))
+    a.save(tmp_path / "opt")
+    weights = _weights(a.module)
+    b = make_updater(mini_batches=2, warmup_steps=3, weights=weights)
+    b.load(tmp_path / "opt")
+    assert b.optimizer_steps == a.optimizer_steps == 2
+    state_a, state_b = a.optimizer.state_dict()["state"], b.optimizer.state_dict()["state"]
+    assert state_a.keys() == state_b.keys()
+    for k in state_a:
+        assert all(torch.equal(state_a[k][n], state_b[k][n]) for n in ("exp_avg", "exp_avg_sq", "step"))
+    groups = _groups(a, tokenizer, prompts, seed=82)
+    ma, mb = a.update(groups), b.update(groups)
+    assert ma[K.TRAIN_LR] == mb[K.TRAIN_LR] == pytest.approx(1e-3)
+    wa, wb = _weights(a.module), _weights(b.module)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    saved = torch.load(tmp_path / "opt" / "update_engine.pt", weights_only=False)
+    torch.save({**saved, "zero_stage": 2}, tmp_path / "opt" / "update_engine.pt")
+    with pytest.raises(ValueError, match="saved with ZeRO stage 2"):
+        b.load(tmp_path / "opt")
+
+
+def test_update_rejects_bad_groups_and_zero_3(make_updater, tiny, prompts):
+    _, tokenizer = tiny
+    updater = make_updater()
+    group = _groups(updater, tokenizer, prompts[:1], seed=91)[0]
+    group.advantages = group.advantages[:-1]
+    with pytest.raises(ValueError, match=f"prompt {prompts[0].id}: 4 samples but 3 advantages"):
+        updater.update([group])
+    with pytest.raises(ValueError, match="zero_stage=3"):
+        make_updater(zero_stage=3)

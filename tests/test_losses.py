@@ -1,0 +1,107 @@
+"""PPO-clip against values worked out by hand, the aggregation modes, and the REINFORCE identity."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ada_core.config import LossConfig
+from ada_core.losses import AGGREGATIONS, effective_mask, gather_logprobs, ppo_clip_loss, token_entropy
+
+
+def _ratios(*ratios: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logprobs, old_logprobs) [1, T] whose exp-difference is each given ratio."""
+    old = torch.full((1, len(ratios)), -1.0)
+    return old + torch.log(torch.tensor([ratios])), old
+
+
+def test_hand_computed_two_tokens_positive_advantage():
+    # A = +1, eps 0.2 / 0.28. Token 1: ratio 1.5 -> clipped to 1.28 -> loss -1.28 (clipped).
+    # Token 2: ratio 0.5 -> min(0.5, 0.8) = 0.5 -> loss -0.5 (a positive advantage is not clipped below).
+    # token-mean: (-1.28 - 0.5) / 2 = -0.89; clip_frac 1/2.
+    logprobs, old = _ratios(1.5, 0.5)
+    loss, diag = ppo_clip_loss(logprobs, old, torch.tensor([1.0]), torch.ones(1, 2), LossConfig())
+    assert loss.item() == pytest.approx(-0.89, abs=1e-6)
+    assert diag["clip_frac"] == pytest.approx(0.5)
+    assert diag["approx_kl"] == pytest.approx(0.5 * (math.log(1.5) ** 2 + math.log(0.5) ** 2) / 2, rel=1e-5)
+
+
+def test_hand_computed_two_tokens_negative_advantage():
+    # A = -1. Token 1: ratio 0.5 -> max(0.5, 0.8) = 0.8 (clipped). Token 2: ratio 1.5 -> max(1.5, 1.28) = 1.5.
+    # token-mean: (0.8 + 1.5) / 2 = 1.15; clip_frac 1/2.
+    logprobs, old = _ratios(0.5, 1.5)
+    loss, diag = ppo_clip_loss(logprobs, old, torch.tensor([-1.0]), torch.ones(1, 2), LossConfig())
+    assert loss.item() == pytest.approx(1.15, abs=1e-6)
+    assert diag["clip_frac"] == pytest.approx(0.5)
+
+
+def test_dual_clip_bounds_negative_advantages_only():
+    # ratio 20: A = -1 gives 20 unbounded, 10 with dual-clip c = 10; A = +1 clips to -1.28 either way.
+    logprobs, old = _ratios(20.0)
+    neg_dual, _ = ppo_clip_loss(logprobs, old, torch.tensor([-1.0]), torch.ones(1, 1), LossConfig(dual_clip_c=10.0))
+    neg_plain, _ = ppo_clip_loss(logprobs, old, torch.tensor([-1.0]), torch.ones(1, 1), LossConfig(dual_clip_c=None))
+    pos_dual, _ = ppo_clip_loss(logprobs, old, torch.tensor([1.0]), torch.ones(1, 1), LossConfig(dual_clip_c=10.0))
+    assert neg_dual.item() == pytest.approx(10.0, rel=1e-5)
+    assert neg_plain.item() == pytest.approx(20.0, rel=1e-5)
+    assert pos_dual.item() == pytest.approx(-1.28, rel=1e-5)
+
+
+def test_aggregation_modes_and_micro_batch_totals():
+    # ratio 1, so per-token loss = -A. Row 0: A = +1 over 1 token; row 1: A = -2 over 3 tokens.
+    # token-mean: (-1 + 3 * 2) / 4 = 1.25; seq-mean-token-mean: (-1 + 2) / 2 = 0.5;
+    # seq-mean-token-sum-norm (constant length 3): (-1 + 6) / (2 * 3) = 5/6.
+    logprobs = torch.zeros(2, 3)
+    adv = torch.tensor([1.0, -2.0])
+    mask = torch.tensor([[1.0, 0, 0], [1, 1, 1]])
+    expected = {"token-mean": 1.25, "seq-mean-token-mean": 0.5, "seq-mean-token-sum-norm": 5 / 6}
+    assert set(expected) == set(AGGREGATIONS)
+    for mode, value in expected.items():
+        cfg = LossConfig(aggregation=mode)
+        whole, _ = ppo_clip_loss(logprobs, logprobs, adv, mask, cfg)
+        assert whole.item() == pytest.approx(value, abs=1e-6), mode
+        # Split into two micro-batches with the mini-batch totals: the parts sum to the whole.
+        parts = [ppo_clip_loss(logprobs[i : i + 1], logprobs[i : i + 1], adv[i : i + 1], mask[i : i + 1], cfg,
+                               num_tokens=4.0, num_seqs=2.0, max_len=3)[0] for i in range(2)]
+        assert sum(p.item() for p in parts) == pytest.approx(value, abs=1e-6), mode
+
+
+def test_ratio_one_gradient_is_reinforce_with_baseline():
+    # At ratio 1 (no clipping active), d loss / d logprob_t = -A / num_tokens under token-mean.
+    torch.manual_seed(0)
+    old = -torch.rand(3, 4)
+    logprobs = old.clone().requires_grad_(True)
+    adv = torch.tensor([0.5, -1.0, 2.0])
+    mask = torch.tensor([[1.0, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
+    loss, _ = ppo_clip_loss(logprobs, old, adv, mask, LossConfig())
+    loss.backward()
+    expected = -adv.unsqueeze(-1) * mask / mask.sum()
+    assert torch.allclose(logprobs.grad, expected, atol=1e-7)
+
+
+def test_effective_mask_options():
+    mask = torch.ones(3, 2)
+    adv = torch.tensor([1.0, 0.0, -1.0])
+    truncated = torch.tensor([False, False, True])
+    assert torch.equal(effective_mask(mask, adv, truncated, LossConfig()), mask)
+    cut = effective_mask(mask, adv, truncated, LossConfig(mask_truncated=True, exclude_zero_adv=True))
+    assert cut.tolist() == [[1, 1], [0, 0], [0, 0]]
+
+
+def test_entropy_bonus_and_reference_kl():
+    logits = torch.zeros(1, 2, 4)  # uniform over 4 tokens: entropy log 4
+    entropy = token_entropy(logits)
+    assert torch.allclose(entropy, torch.full((1, 2), math.log(4)))
+    labels = torch.tensor([[1, 3]])
+    logprobs = gather_logprobs(logits, labels)
+    assert torch.allclose(logprobs, torch.full((1, 2), -math.log(4)))
+    mask, adv = torch.ones(1, 2), torch.tensor([0.0])
+    loss, diag = ppo_clip_loss(logprobs, logprobs, adv, mask, LossConfig(entropy_coef=0.1), entropy=entropy,
+                               ref_logprobs=logprobs)
+    assert loss.item() == pytest.approx(-0.1 * math.log(4), abs=1e-6)
+    assert diag["entropy"] == pytest.approx(math.log(4)) and diag["kl_ref"] == 0.0
+    # k3 KL at a log-ratio of 1: e^{-1} + 1 - 1 = e^{-1}, added with kl_coef.
+    loss, diag = ppo_clip_loss(logprobs, logprobs, adv, mask, LossConfig(kl_coef=0.5), ref_logprobs=logprobs - 1.0)
+    assert diag["kl_ref"] == pytest.approx(math.exp(-1.0), rel=1e-5)
+    assert loss.item() == pytest.approx(0.5 * math.exp(-1.0), rel=1e-5)
