@@ -1,0 +1,229 @@
+"""Curating a training set, as the paper did for OpenR1-Math: dedup, verifiable answers, difficulty.
+
+    prompts --dedup--> --answer parses--> --k samples, 0 < pass rate <= ceiling--> kept
+
+Each stage records what it dropped and why (counts and ids), so `report["input"]` always equals
+`report["kept"]` plus every stage's drops. Kept prompts carry the curating model's pass rate in
+`prompt.difficulty` and `meta["pass_rate"]`; the report holds the pass rate of every prompt sampled.
+
+The difficulty filter samples through a `RolloutEngine` (prompts must carry `prompt_ids`; see
+`models.encode_prompts`) and scores through the verifier, so any engine plugs in. Answer checking
+uses `MathVerifier.parses`, whose process pool keeps working inside Prefect's task threads.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ada_core.protocols import RolloutEngine, SamplingParams, Verifier
+from ada_core.records import Prompt
+
+PROMPTS_FILE = "prompts.jsonl"
+REPORT_FILE = "report.json"
+
+# LaTeX that changes spacing or bracket size, not meaning: `\,` `\;` `\:` `\!` `\ ` `\quad` `\left`...
+_LATEX_SPACING = re.compile(r"\\[,;:! ]|\\q?quad\b|\\(?:left|right|displaystyle)\b|~")
+_FRAC_VARIANTS = re.compile(r"\\[dt]frac\b")
+_SPACE_NEAR_SYMBOL = re.compile(r" ?([^\w\s]) ?")
+
+
+def normalise_text(text: str) -> str:
+    r"""The form two prompts must share to count as duplicates.
+
+    Lower case; LaTeX spacing and sizing commands dropped; `\dfrac`/`\tfrac` read as `\frac`;
+    whitespace runs collapsed, and removed next to symbols (so `x + 1` equals `x+1`, while
+    `2 3` stays distinct from `23`).
+
+    >>> normalise_text(r"Find  $\left( x \, + 1 \right)$ if X=\dfrac{1}{2}.")
+    'find$(x+1)$if x=\\frac{1}{2}.'
+    """
+    text = _LATEX_SPACING.sub(" ", text.lower())
+    text = _FRAC_VARIANTS.sub(r"\\frac", text)
+    text = re.sub(r"\s+", " ", text).strip()
+    return _SPACE_NEAR_SYMBOL.sub(r"\1", text)
+
+
+@dataclass
+class CurationResult:
+    """The kept prompts and the report of what each stage dropped and why."""
+
+    prompts: list[Prompt]
+    report: dict[str, Any] = field(default_factory=dict)
+
+
+def dedup(prompts: Sequence[Prompt]) -> tuple[list[Prompt], dict[str, Any]]:
+    """Keep the first prompt of each normalised text; later copies are dropped as `duplicate`."""
+    first: dict[str, str] = {}
+    kept, duplicate_of = [], {}
+    for p in prompts:
+        key = normalise_text(p.text)
+        if key in first:
+            duplicate_of[p.id] = first[key]
+        else:
+            first[key] = p.id
+            kept.append(p)
+    stage = _stage("dedup", len(prompts), kept, {"duplicate": list(duplicate_of)})
+    stage["duplicate_of"] = duplicate_of
+    return kept, stage
+
+
+def verifiable(prompts: Sequence[Prompt], verifier) -> tuple[list[Prompt], dict[str, Any]]:
+    """Keep prompts whose reference answer math-verify parses; others are `answer_unparseable`."""
+    if not callable(getattr(verifier, "parses", None)):
+        raise TypeError(f"curation needs a verifier with parses(answers) (MathVerifier); got {type(verifier).__name__}")
+    ok = verifier.parses([p.answer for p in prompts])
+    kept = [p for p, good in zip(prompts, ok) if good]
+    dropped = [p.id for p, good in zip(prompts, ok) if not good]
+    return kept, _stage("verify", len(prompts), kept, {"answer_unparseable": dropped})
+
+
+def pass_rates(
+    prompts: Sequence[Prompt],
+    engine: RolloutEngine,
+    verifier: Verifier,
+    sampling: SamplingParams,
+    k: int,
+    positive_threshold: float = 0.7,
+    chunk_prompts: int = 64,
+) -> dict[str, float]:
+    """Fraction of k samples per prompt whose reward exceeds `positive_threshold`.
+
+    Prompts go to the engine `chunk_prompts` at a time, chunk c with seed `sampling.seed + c`,
+    so a long curation shows progress and stays reproducible.
+    """
+    from tqdm.auto import tqdm
+
+    for p in prompts:
+        if not p.prompt_ids:
+            raise ValueError(f"prompt {p.id}: prompt_ids is empty; run models.encode_prompts before curating")
+    rates: dict[str, float] = {}
+    base_seed = sampling.seed if sampling.seed is not None else 0
+    starts = range(0, len(prompts), chunk_prompts)
+    for c, start in enumerate(tqdm(starts, desc=f"curation k={k}", unit="chunk", disable=len(starts) < 2)):
+        chunk = list(prompts[start : start + chunk_prompts])
+        groups = engine.generate([(p, k) for p in chunk], replace(sampling, seed=base_seed + c))
+        items = [(p, s.text) for p, samples in zip(chunk, groups) for s in samples]
+        verdicts = verifier.verify(items)
+        for i, p in enumerate(chunk):
+            rewards = [v.reward for v in verdicts[i * k : (i + 1) * k]]
+            rates[p.id] = sum(r > positive_threshold for r in rewards) / k
+    return rates
+
+
+def curate(
+    prompts: Sequence[Prompt],
+    engine: RolloutEngine,
+    verifier: Verifier,
+    sampling: SamplingParams,
+    k: int = 16,
+    ceiling: float = 0.3125,
+    seed: int = 0,
+    positive_threshold: float = 0.7,
+) -> CurationResult:
+    """Dedup, drop unparseable answers, then keep prompts with 0 < pass rate <= ceiling.
+
+    `k` and `ceiling` come from `DataConfig` (`curation_k`, `pass_rate_ceiling`); `seed` seeds the
+    sampling. Input prompts are not modified: kept ones are copies with the pass rate filled in.
+    """
+    if k < 1:
+        raise ValueError(f"curation k must be >= 1, got {k}")
+    if not 0.0 < ceiling <= 1.0:
+        raise ValueError(f"pass_rate_ceiling must be in (0, 1], got {ceiling}")
+    ids = [p.id for p in prompts]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise ValueError(f"curation input repeats prompt id {dup!r}; ids must be unique")
+
+    stages = []
+    kept, stage = dedup(prompts)
+    stages.append(stage)
+    kept, stage = verifiable(kept, verifier)
+    stages.append(stage)
+    rates = pass_rates(kept, engine, verifier, replace(sampling, seed=seed), k, positive_threshold)
+    never = [p.id for p in kept if rates[p.id] == 0.0]
+    easy = [p.id for p in kept if rates[p.id] > ceiling]
+    survivors = []
+    for p in kept:
+        if 0.0 < rates[p.id] <= ceiling:
+            q = replace(p, meta=copy.deepcopy(p.meta), prompt_ids=list(p.prompt_ids))
+            q.difficulty = rates[p.id]
+            q.meta["pass_rate"] = rates[p.id]
+            q.meta["curation_k"] = k
+            survivors.append(q)
+    stage = _stage("difficulty", len(kept), survivors, {"never_solved": never, "too_easy": easy})
+    stage["pass_rates"] = rates
+    stages.append(stage)
+
+    report = {
+        "input": len(prompts),
+        "kept": len(survivors),
+        "dropped": sum(s["input"] - s["kept"] for s in stages),
+        "params": {"k": k, "ceiling": ceiling, "seed": seed, "positive_threshold": positive_threshold,
+                   "temperature": sampling.temperature, "top_p": sampling.top_p, "max_tokens": sampling.max_tokens},
+        "stages": stages,
+    }
+    return CurationResult(prompts=survivors, report=report)
+
+
+def _stage(name: str, n_in: int, kept: Sequence[Prompt], dropped: dict[str, list[str]]) -> dict[str, Any]:
+    return {
+        "stage": name,
+        "input": n_in,
+        "kept": len(kept),
+        "dropped": {reason: {"count": len(ids), "ids": ids} for reason, ids in dropped.items()},
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Saving
+
+
+def save_curated(result: CurationResult, directory: str | Path) -> Path:
+    """Write `prompts.jsonl` (Prompt records without token ids) and `report.json`, each atomically.
+
+    `data.load_prompts(directory)` reads the set back as training prompts.
+    """
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for p in result.prompts:
+        record = asdict(p)
+        record.pop("prompt_ids")  # tokenizer-specific; the trainer re-encodes
+        lines.append(json.dumps(record, ensure_ascii=False))
+    _atomic_write(out / PROMPTS_FILE, "".join(line + "\n" for line in lines))
+    _atomic_write(out / REPORT_FILE, json.dumps(result.report, indent=2, ensure_ascii=False) + "\n")
+    return out
+
+
+def load_curated(directory: str | Path) -> CurationResult:
+    from ada_core.data import load_dataset_file
+
+    folder = Path(directory)
+    report_file = folder / REPORT_FILE
+    if not report_file.is_file():
+        raise FileNotFoundError(f"{folder} is not a curated set: no {REPORT_FILE}")
+    prompts_file = folder / PROMPTS_FILE
+    prompts = load_dataset_file(prompts_file, schema="prompts") if prompts_file.stat().st_size else []
+    return CurationResult(prompts=prompts, report=json.loads(report_file.read_text()))
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    """Write to a temp file in the same folder, fsync, then rename over `path`."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,153 @@
+"""Curation for real: the SFT'd tiny model, the transformers engine and the math-verify pool."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import replace
+
+import pytest
+
+from ada_core import curation
+from ada_core.curation import CurationResult, curate, dedup, load_curated, normalise_text, save_curated
+from ada_core.data import generate_prompts, load_prompts
+from ada_core.engines.transformers_engine import TransformersRolloutEngine
+from ada_core.models import encode_prompts, load_policy, sft_warm_start
+from ada_core.protocols import SamplingParams
+from ada_core.records import Prompt
+from ada_core.rewards import MathVerifier
+
+SAMPLING = SamplingParams(temperature=1.0, max_tokens=6)
+K, CEILING = 8, 0.875  # the tiny profile's curation_k and pass_rate_ceiling
+
+
+def test_normalise_text_ignores_case_spacing_and_latex_spacing():
+    base = normalise_text(r"Find $(\frac{1}{2} + x)$ if x = 3.")
+    for variant in (r"find  $(\frac{1}{2}+x)$  if X=3.", r"FIND $(\dfrac{1}{2}\,+\;x)$ if x = 3.",
+                    "Find $\\left( \\frac{1}{2} \\quad + x\\right)$\nif x=3."):
+        assert normalise_text(variant) == base
+    assert normalise_text("2 3+1=") != normalise_text("23+1=")  # digits apart stay apart
+    assert normalise_text("Find x+1.") != normalise_text("Find x+2.")
+
+
+def test_dedup_keeps_first_and_maps_duplicates():
+    prompts = [Prompt(id="a", text="What is $x + 1$?", answer="1"), Prompt(id="b", text="what is $x+1$ ?", answer="1"),
+               Prompt(id="c", text="What is $x + 2$?", answer="2"), Prompt(id="d", text="WHAT IS $X\\,+\\,1$?", answer="1")]
+    kept, stage = dedup(prompts)
+    assert [p.id for p in kept] == ["a", "c"]
+    assert stage["duplicate_of"] == {"b": "a", "d": "a"}
+    assert stage["dropped"]["duplicate"] == {"count": 2, "ids": ["b", "d"]}
+
+
+@pytest.fixture(scope="session")
+def curator(tiny_model):
+    """Engine and verifier over the tiny model warm-started on the 100 one-digit sums."""
+    sft = sft_warm_start(tiny_model, generate_prompts("arithmetic", 100, seed=0, difficulty=1),
+                         steps=150, batch_size=64, seed=0)
+    model, tokenizer = load_policy(sft)
+    with MathVerifier(timeout_s=5.0, workers=2) as verifier:
+        yield TransformersRolloutEngine(model, tokenizer), verifier, tokenizer
+
+
+def _input_prompts(tokenizer) -> list[Prompt]:
+    """One-digit sums the model knows, harder sums it does not, one duplicate and one bad gold answer."""
+    prompts = generate_prompts("arithmetic", 12, seed=1, difficulty=1) + generate_prompts("arithmetic", 12, seed=2)
+    original = prompts[0]
+    a, b = original.text.removesuffix("=").split("+")
+    prompts.append(replace(original, id="spaced-duplicate", text=f" {a} + {b} = ", meta=dict(original.meta)))
+    prompts.append(Prompt(id="bad-gold", text="5+5=", answer="\\frac{", meta={"answer_format": "plain"}))
+    encode_prompts(tokenizer, prompts)
+    return prompts
+
+
+def test_curate_real_model_invariants(curator):
+    engine, verifier, tokenizer = curator
+    prompts = _input_prompts(tokenizer)
+    before = [(p.difficulty, dict(p.meta)) for p in prompts]
+    result = curate(prompts, engine, verifier, SAMPLING, k=K, ceiling=CEILING, seed=0)
+    report = result.report
+    dedup_stage, verify_stage, difficulty_stage = report["stages"]
+
+    # Counts add up, stage by stage and overall.
+    assert report["input"] == len(prompts) == report["kept"] + report["dropped"]
+    for stage in report["stages"]:
+        assert stage["input"] - stage["kept"] == sum(d["count"] for d in stage["dropped"].values())
+        assert all(d["count"] == len(d["ids"]) for d in stage["dropped"].values())
+    assert dedup_stage["kept"] == verify_stage["input"] and verify_stage["kept"] == difficulty_stage["input"]
+
+    # Each stage dropped what it should, with its reason.
+    assert dedup_stage["dropped"]["duplicate"]["ids"] == ["spaced-duplicate"]
+    assert dedup_stage["duplicate_of"] == {"spaced-duplicate": prompts[0].id}
+    assert verify_stage["dropped"]["answer_unparseable"]["ids"] == ["bad-gold"]
+
+    # The difficulty filter: kept rates in (0, ceiling], drops on the right side, rates in steps of 1/k.
+    rates = difficulty_stage["pass_rates"]
+    assert len(rates) == difficulty_stage["input"] and all(r * K == int(r * K) for r in rates.values())
+    assert result.prompts, "some prompts should be kept"
+    for p in result.prompts:
+        assert 0.0 < p.difficulty <= CEILING and p.meta["pass_rate"] == p.difficulty == rates[p.id]
+        assert p.prompt_ids and p.meta["curation_k"] == K
+    never = difficulty_stage["dropped"]["never_solved"]["ids"]
+    easy = difficulty_stage["dropped"]["too_easy"]["ids"]
+    assert never or easy, "the filter should drop something on this mix"
+    assert all(rates[i] == 0.0 for i in never) and all(rates[i] > CEILING for i in easy)
+    assert sorted([p.id for p in result.prompts] + never + easy) == sorted(rates)
+    # Known one-digit sums solve more often than unseen three-digit ones.
+    one_digit = [r for i, r in rates.items() if "/d1/" in i]
+    harder = [r for i, r in rates.items() if "/d3/" in i]
+    assert sum(one_digit) / len(one_digit) > sum(harder) / len(harder)
+    # The inputs are left alone.
+    assert [(p.difficulty, p.meta) for p in prompts] == before
+
+    # Same seed, same result, also from a worker thread (Prefect runs tasks in threads).
+    again: list[CurationResult] = []
+    worker = threading.Thread(target=lambda: again.append(
+        curate(prompts, engine, verifier, SAMPLING, k=K, ceiling=CEILING, seed=0)))
+    worker.start()
+    worker.join()
+    assert again[0].report == report and again[0].prompts == result.prompts
+
+
+def test_save_and_load_curated_round_trip(curator, tmp_path):
+    engine, verifier, tokenizer = curator
+    result = curate(_input_prompts(tokenizer), engine, verifier, SAMPLING, k=4, ceiling=1.0, seed=3)
+    folder = save_curated(result, tmp_path / "curated")
+    assert sorted(os.listdir(folder)) == ["prompts.jsonl", "report.json"]  # no temp files left behind
+    loaded = load_curated(folder)
+    assert loaded.report == json.loads(json.dumps(result.report))
+    assert [replace(p, prompt_ids=[]) for p in result.prompts] == loaded.prompts
+    assert load_prompts(str(folder)) == loaded.prompts  # a curated set trains like any dataset
+    assert all(p.meta["answer_format"] == "plain" for p in loaded.prompts)
+
+
+def test_failed_save_keeps_the_previous_set(tmp_path, monkeypatch):
+    old = CurationResult([Prompt(id="a", text="1+1=", answer="2")], {"input": 1, "kept": 1})
+    save_curated(old, tmp_path)
+    before = (tmp_path / "prompts.jsonl").read_text()
+    new = CurationResult([Prompt(id="b", text="2+2=", answer="4")], {"input": 1, "kept": 1})
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(curation.os, "replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        save_curated(new, tmp_path)
+    assert (tmp_path / "prompts.jsonl").read_text() == before
+    assert sorted(os.listdir(tmp_path)) == ["prompts.jsonl", "report.json"]
+
+
+def test_curate_rejects_bad_inputs(curator, tmp_path):
+    engine, verifier, tokenizer = curator
+    prompts = generate_prompts("arithmetic", 3, seed=0)
+    with pytest.raises(ValueError, match="prompt_ids is empty; run models.encode_prompts"):
+        curate(prompts, engine, verifier, SAMPLING, k=2, ceiling=0.5)
+    encode_prompts(tokenizer, prompts)
+    with pytest.raises(TypeError, match="needs a verifier with parses"):
+        curate(prompts, engine, object(), SAMPLING, k=2, ceiling=0.5)
+    with pytest.raises(ValueError, match="pass_rate_ceiling must be in"):
+        curate(prompts, engine, verifier, SAMPLING, k=2, ceiling=0.0)
+    with pytest.raises(ValueError, match="repeats prompt id"):
+        curate(prompts + prompts[:1], engine, verifier, SAMPLING, k=2, ceiling=0.5)
+    with pytest.raises(FileNotFoundError, match="not a curated set"):
+        load_curated(tmp_path)
