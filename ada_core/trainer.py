@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from ada_core import metrics as K
 from ada_core.config import TrainConfig
-from ada_core.data import load_prompts, split_prompts
+from ada_core.data import load_prompts, split_prompts, warm_start_prompts
 from ada_core.engines.deepspeed_engine import DeepSpeedUpdateEngine
 from ada_core.engines.transformers_engine import TransformersRolloutEngine
 from ada_core.models import encode_prompts, load_policy, resolve_model, sft_warm_start
@@ -113,7 +113,8 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
     else:
         model_dir = resolve_model(config.model)
         if config.sft_steps > 0:
-            model_dir = sft_warm_start(model_dir, train_prompts, steps=config.sft_steps, seed=config.seed)
+            sft = warm_start_prompts(config.data.dataset, train_prompts + eval_prompts, config.seed)
+            model_dir = sft_warm_start(model_dir, sft, steps=config.sft_steps, seed=config.seed)
     model, tokenizer = load_policy(model_dir)
     encode_prompts(tokenizer, train_prompts)
     encode_prompts(tokenizer, eval_prompts)
