@@ -54,5 +54,45 @@ def simulate(
         typer.echo(f"wrote {png_path}")
 
 
+@app.command()
+def train(
+    preset: str = typer.Option("grpo", help="Algorithm preset: grpo, dapo, ada-pos, ada-balance."),
+    profile: str = typer.Option("tiny", help="Scale profile: tiny, smollm2-135m, paper."),
+    model: str | None = typer.Option(None, help="tiny, smollm2-135m, or a local HF model folder (default: the profile's)."),
+    steps: int | None = typer.Option(None, min=1, help="Training steps (default: the profile's)."),
+    output_dir: Path | None = typer.Option(None, help="Run directory (default: $ADA_HOME/runs/<preset>-seed<seed>)."),
+    resume: Path | None = typer.Option(None, help="A run directory to continue from its last complete checkpoint."),
+    config: Path | None = typer.Option(None, help="YAML file of config overrides."),
+    set_: list[str] = typer.Option([], "--set", help="Override one field, e.g. --set sampler.M=4 (repeatable)."),
+    seed: int | None = typer.Option(None, help="Seed (default 0)."),
+    dataset: str | None = typer.Option(None, help="A generator name (arithmetic, chain_sum:2, ...) or a local file/folder."),
+    engine: str | None = typer.Option(None, help="Rollout engine: transformers."),
+) -> None:
+    """Train one policy with one preset; metrics go to <output-dir>/metrics.jsonl."""
+    from ada_core.config import ConfigError, build_config, deep_merge, parse_set
+    from ada_core.paths import runs_dir
+    from ada_core.trainer import train as run_training
+
+    overrides: dict = {}
+    for key, value in (("model", model), ("steps", steps), ("seed", seed)):
+        if value is not None:
+            overrides[key] = value
+    if dataset is not None:
+        overrides["data"] = {"dataset": dataset}
+    if engine is not None:
+        overrides["rollout"] = {"engine": engine}
+    try:
+        overrides = deep_merge(overrides, parse_set(set_))
+        cfg = build_config(preset, profile, config_file=config, overrides=overrides)
+    except (ConfigError, ValueError) as err:
+        raise typer.BadParameter(str(err)) from None
+    if cfg.rollout.engine != "transformers":
+        raise typer.BadParameter(f"rollout.engine {cfg.rollout.engine!r} is not available here; use transformers")
+    out = output_dir or runs_dir() / f"{preset}-seed{cfg.seed}"
+    last = run_training(cfg, out, resume=resume)
+    typer.echo(json.dumps({k: round(v, 4) for k, v in sorted(last.items())}, indent=1))
+    typer.echo(f"run directory: {out}")
+
+
 if __name__ == "__main__":
     app()
