@@ -75,15 +75,16 @@ class PromptSource:
         return len(self._prompts)
 
     def take(self, k: int) -> list[Prompt]:
-        """The next k prompts, wrapping into a new epoch as needed."""
-        out: list[Prompt] = []
-        while len(out) < k:
-            if self.position >= len(self._order):
-                self.epoch += 1
-                self.position = 0
-                self._order = self._permutation(self.epoch)
-            out.append(self._prompts[self._order[self.position]])
-            self.position += 1
+        """The next k distinct prompts. A batch never straddles two epochs: when fewer than k are left,
+        the rest of the epoch is skipped (drop-last), so a step never sees one prompt twice."""
+        if k > len(self._prompts):
+            raise ValueError(f"prompts_per_step={k} exceeds the {len(self._prompts)} training prompts")
+        if self.position + k > len(self._order):
+            self.epoch += 1
+            self.position = 0
+            self._order = self._permutation(self.epoch)
+        out = [self._prompts[i] for i in self._order[self.position : self.position + k]]
+        self.position += k
         return out
 
     def state_dict(self) -> dict[str, Any]:
