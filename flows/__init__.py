@@ -1,0 +1,1 @@
+"""Prefect flows over the tasks: curate, train, evaluate, compare, sweep; plus tracking and the report."""

@@ -1,0 +1,225 @@
+"""Flow parameters as pydantic models, so Prefect's UI shows a validated, documented form.
+
+A flow builds its `TrainConfig` from these first thing (`build_config`), so a bad value fails before
+any model, dataset or MLflow run exists, with an error that names the field (`sampler.n: ...`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ada_core.config import PRESETS, ConfigError, TrainConfig, build_config
+
+Preset = Literal["grpo", "dapo", "ada-pos", "ada-balance"]
+Profile = Literal["tiny", "smollm2-135m", "paper"]
+Engine = Literal["transformers", "vllm"]
+
+# Rollout engines this environment can run. vLLM lives in its own environment on GPU machines
+# (its pins conflict with Prefect's); the vLLM issue adds it here.
+INSTALLED_ENGINES = ("transformers",)
+
+
+def nest_dotted(flat: dict[str, Any]) -> dict[str, Any]:
+    """`{"sampler.M": 8, "optim": {"lr": 1e-4}}` -> `{"sampler": {"M": 8}, "optim": {"lr": 1e-4}}`."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        parts = str(key).split(".")
+        if not all(parts):
+            raise ConfigError(f"overrides: empty segment in key {key!r}")
+        node = out
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"overrides: {key!r} sets a field inside {part!r}, which is also set to a value")
+            node = child
+        leaf = parts[-1]
+        if isinstance(value, dict):
+            value = nest_dotted(value)
+            if isinstance(node.get(leaf), dict):
+                value = {**node[leaf], **value}
+        node[leaf] = value
+    return out
+
+
+def check_engine(config: TrainConfig) -> TrainConfig:
+    if config.rollout.engine not in INSTALLED_ENGINES:
+        raise ConfigError(
+            f"rollout.engine: {config.rollout.engine!r} is not installed in this environment (installed: "
+            f"{', '.join(INSTALLED_ENGINES)}). vLLM runs as its own server on a GPU machine; use "
+            "engine='transformers' here."
+        )
+    return config
+
+
+class _Params(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunSettings(_Params):
+    """What every training-type flow shares: scale, engine, free overrides and where to track."""
+
+    profile: Profile = Field("tiny", description="Scale profile: prompts per step, lengths and lr for a model size.")
+    engine: Engine = Field("transformers", description="Rollout engine (config rollout.engine). vLLM needs a GPU machine.")
+    steps: int | None = Field(None, ge=1, description="Training steps; empty = the profile's.")
+    prompts_per_step: int | None = Field(None, ge=1, description="Prompts per step (B); empty = the profile's.")
+    overrides: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Any config field by dotted name, e.g. {\"sampler.M\": 8, \"optim.lr\": 1e-4, \"sft_steps\": 50}.",
+    )
+    curate: bool = Field(True, description="Difficulty-filter the prompts with the starting model before training.")
+    curation_seed: int = Field(0, description="Seed of the curation pool and its samples; shared by all seeds of a comparison.")
+    tracking_uri: str | None = Field(
+        None, description="MLflow tracking URI; empty = $MLFLOW_TRACKING_URI, the `make ui` server, or $ADA_HOME/mlflow.db."
+    )
+    experiment: str = Field("reinforce-ada", min_length=1, description="MLflow experiment name.")
+
+    def build(self, preset: str, seed: int, extra: dict[str, Any] | None = None) -> TrainConfig:
+        """The validated TrainConfig; raises ConfigError naming the field."""
+        overrides = nest_dotted(self.overrides)
+        top: dict[str, Any] = {"seed": seed, "rollout": {"engine": self.engine}}
+        if self.steps is not None:
+            top["steps"] = self.steps
+        if self.prompts_per_step is not None:
+            top["prompts_per_step"] = self.prompts_per_step
+        merged = nest_dotted({**flatten_dotted(top), **flatten_dotted(overrides), **flatten_dotted(extra or {})})
+        return check_engine(build_config(preset, self.profile, overrides=merged))
+
+
+class TrainParams(RunSettings):
+    """One training run of one variant."""
+
+    preset: Preset = Field("ada-balance", description="Algorithm preset: grpo, dapo, ada-pos or ada-balance.")
+    seed: int = Field(0, description="Training seed (data order, sampling, initialisation).")
+    variant: str | None = Field(
+        None, description="Variant name for params, reports and registry tags (e.g. grpo-matched); empty = preset."
+    )
+    run_name: str | None = Field(None, description="MLflow run name; empty = '<variant>-s<seed>'.")
+    parent_run_id: str | None = Field(None, description="Log as a child of this MLflow run (set by compare and sweep).")
+    register_as: str | None = Field(
+        None, description="Register the final checkpoint in the Model Registry under this name."
+    )
+    alias: str = Field("candidate", min_length=1, description="Alias for the registered version ('latest' is reserved).")
+    output_dir: str | None = Field(None, description="Run directory; empty = $ADA_HOME/runs/<run name>-<time>.")
+
+    def config(self) -> TrainConfig:
+        return self.build(self.preset, self.seed)
+
+
+class CompareParams(RunSettings):
+    """GRPO against Ada variants over seeds, plus an optional matched-budget GRPO control."""
+
+    variants: list[Preset] = Field(
+        default_factory=lambda: ["grpo", "ada-pos", "ada-balance"], min_length=1, description="Presets to compare."
+    )
+    matched_grpo: bool = Field(
+        True,
+        description="Add GRPO with prompts_per_step sized to generate as many samples per step as Ada-balance "
+        "(needs ada-balance in variants).",
+    )
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="Training seeds.")
+    register_as: str = Field("ada-policy", min_length=1, description="Registered model name for the best policy.")
+    alias: str = Field("champion", min_length=1, description="Alias pointed at the best policy's version.")
+
+    @model_validator(mode="after")
+    def _matched_needs_reference(self) -> "CompareParams":
+        if self.matched_grpo and "ada-balance" not in self.variants:
+            raise ValueError("matched_grpo: needs 'ada-balance' in variants (its samples per step set the budget)")
+        if len(set(self.variants)) != len(self.variants):
+            raise ValueError(f"variants: each preset once, got {self.variants}")
+        return self
+
+
+class SweepParams(RunSettings):
+    """A grid over N, M, n, variant and seed; GRPO-type variants vary only n."""
+
+    variants: list[Preset] = Field(default_factory=lambda: ["ada-balance"], min_length=1, description="Presets.")
+    N: list[int] = Field(default_factory=lambda: [2, 4], min_length=1, description="ada: max rounds.")
+    M: list[int] = Field(default_factory=lambda: [4, 8], min_length=1, description="ada: samples per round.")
+    n: list[int] = Field(default_factory=lambda: [4], min_length=1, description="Final group size.")
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="Training seeds.")
+    register_as: str = Field("ada-policy", min_length=1, description="Registered model name for the best policy.")
+    alias: str = Field("champion", min_length=1, description="Alias pointed at the best policy's version.")
+
+    def grid(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """`(preset, label, sampler overrides)` for every point; fixed-size samplers skip N and M.
+
+        variants [ada-balance, grpo], N [2, 4], M [4], n [4] ->
+        ada-balance-N2-M4-n4, ada-balance-N4-M4-n4, grpo-n4
+        """
+        points = []
+        for preset in self.variants:
+            if PRESETS[preset]["sampler"]["name"] == "ada":
+                for N in self.N:
+                    for M in self.M:
+                        for n in self.n:
+                            points.append((preset, f"{preset}-N{N}-M{M}-n{n}", {"sampler": {"N": N, "M": M, "n": n}}))
+            else:
+                for n in self.n:
+                    points.append((preset, f"{preset}-n{n}", {"sampler": {"n": n}}))
+        return points
+
+
+class EvaluateParams(_Params):
+    """avg@k and pass@k of a registered model, a run artifact or a local checkpoint."""
+
+    model: str = Field(
+        "models:/ada-policy@champion",
+        description="models:/<name>@<alias>, models:/<name>/<version>, runs:/<id>/<path>, a checkpoint folder "
+        "(step_N with hf/ inside) or an HF model folder.",
+    )
+    k: int = Field(4, ge=1, description="Samples per prompt.")
+    profile: Profile = Field("tiny", description="Scale profile for lengths and eval set size.")
+    engine: Engine = Field("transformers", description="Rollout engine.")
+    dataset: str | None = Field(None, description="Eval prompts: generator name or file; empty = the profile's.")
+    eval_size: int | None = Field(None, ge=1, description="Held-out prompts; empty = the profile's.")
+    temperature: float | None = Field(None, gt=0, description="Sampling temperature; empty = the profile's (1.0).")
+    seed: int = Field(0, description="Seed of the prompt split and the samples.")
+    tracking_uri: str | None = Field(None, description="MLflow tracking URI (see train).")
+    experiment: str = Field("reinforce-ada", min_length=1, description="MLflow experiment name.")
+
+    def config(self, model_dir: str) -> TrainConfig:
+        data: dict[str, Any] = {}
+        if self.dataset is not None:
+            data["dataset"] = self.dataset
+        if self.eval_size is not None:
+            data["eval_size"] = self.eval_size
+        overrides: dict[str, Any] = {
+            "model": model_dir, "sft_steps": 0, "eval_k": self.k, "seed": self.seed, "steps": 1,
+            "rollout": {"engine": self.engine}, "data": data,
+        }
+        if self.temperature is not None:
+            overrides["eval_temperature"] = self.temperature
+        return check_engine(build_config("grpo", self.profile, overrides=overrides))
+
+
+class CurateParams(_Params):
+    """Difficulty-filter a prompt set with the starting model (SFT warm start included)."""
+
+    profile: Profile = Field("tiny", description="Scale profile: model, dataset and curation defaults.")
+    engine: Engine = Field("transformers", description="Rollout engine.")
+    overrides: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Config fields by dotted name, e.g. {\"data.curation_k\": 16, \"data.pass_rate_ceiling\": 0.3125}.",
+    )
+    seed: int = Field(0, description="Seed of the prompt pool and the curation samples.")
+    tracking_uri: str | None = Field(None, description="MLflow tracking URI (see train).")
+    experiment: str = Field("reinforce-ada", min_length=1, description="MLflow experiment name.")
+
+    def config(self) -> TrainConfig:
+        top = {"seed": self.seed, "rollout.engine": self.engine}
+        overrides = nest_dotted({**top, **flatten_dotted(nest_dotted(self.overrides))})
+        return check_engine(build_config("grpo", self.profile, overrides=overrides))
+
+
+def flatten_dotted(nested: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """The inverse of `nest_dotted`: `{"sampler": {"M": 8}}` -> `{"sampler.M": 8}`."""
+    out: dict[str, Any] = {}
+    for key, value in nested.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            out.update(flatten_dotted(value, name))
+        else:
+            out[name] = value
+    return out

@@ -1,0 +1,49 @@
+"""`sweep` flow: a grid over N, M, n, variant and seed under one MLflow parent run.
+
+Fixed-size samplers (grpo, dapo) have no rounds, so they vary only n. prefect.yaml schedules it
+weekly; from Python:
+
+    sweep(SweepParams(variants=["ada-balance", "grpo"], N=[2, 4], M=[4], n=[4], seeds=[0, 1], steps=20))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from ada_core.paths import runs_dir
+from flows import tracking
+from flows.group import child_params, finish_group, log_group_params, run_child
+from flows.params import SweepParams
+from flows.runtime import run_stamp, set_torch_threads
+from flows.train import prepare_data
+
+
+@flow(name="sweep", log_prints=True)
+def sweep(params: SweepParams = SweepParams()) -> dict[str, Any]:
+    """Train every grid point x seed as a child run; report and register the best policy."""
+    grid = params.grid()
+    configs = [params.build(preset, seed, extra) for preset, _, extra in grid for seed in params.seeds]  # fail fast
+    logger = get_run_logger()
+    set_torch_threads()
+    uri = tracking.resolve_tracking_uri(params.tracking_uri)
+    group = f"sweep-{run_stamp()}"
+    group_dir = runs_dir() / group
+
+    with tracking.tracked_run(uri, params.experiment, group, tags={"ada.flow": "sweep"}) as (client, parent_id):
+        logger.info("sweep %s: %d points x %d seeds; MLflow parent run %s", group, len(grid), len(params.seeds),
+                    parent_id)
+        log_group_params(client, parent_id, params, variants=params.variants, N=params.N, M=params.M, n=params.n,
+                         seeds=params.seeds, grid=[label for _, label, _ in grid], run_dir=str(group_dir))
+        if params.curate:
+            prepare_data(configs[0], True, params.curation_seed)
+        results = []
+        for seed in params.seeds:
+            for preset, label, extra in grid:
+                child = child_params(params, preset, seed, label, uri, parent_id, group_dir, extra_overrides=extra)
+                results.append(run_child(child))
+        summary = finish_group(client, parent_id, "sweep", results, group_dir, params.register_as, params.alias,
+                               label_order=[label for _, label, _ in grid])
+    summary["tracking_uri"] = uri
+    return summary

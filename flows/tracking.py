@@ -1,0 +1,301 @@
+"""MLflow at the flow boundary: where runs go, what each run logs, and the model registry.
+
+ada_core returns plain metric dicts and writes run directories; this module is the only place that
+turns them into MLflow runs. Tracking URI resolution, first match wins:
+
+    explicit parameter > $MLFLOW_TRACKING_URI > the `make ui` MLflow server, if it answers
+    > sqlite:///$ADA_HOME/mlflow.db (artifacts under $ADA_HOME/mlartifacts)
+
+Preferring the running server means the UI worker, the demo and a notebook never write one SQLite
+file from several processes at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param
+from mlflow.exceptions import MlflowException
+
+from ada_core.config import TrainConfig, flat_params
+from ada_core.paths import ada_home
+from ada_core.trainer import Callbacks
+
+REGISTERED_MODEL = "ada-policy"
+CHAMPION_ALIAS = "champion"
+SERVERS_FILE = "ui/servers.json"  # written by infra/ui.py while the UI servers run
+_MAX_PARAMS_PER_BATCH = 100  # MLflow's log_batch limit
+_MAX_METRICS_PER_BATCH = 1000
+
+
+# ---------------------------------------------------------------------------------------------
+# Where runs go
+
+
+def default_tracking_uri(home: Path | None = None) -> str:
+    return f"sqlite:///{(home or ada_home()) / 'mlflow.db'}"
+
+
+def artifact_root(home: Path | None = None) -> Path:
+    return (home or ada_home()) / "mlartifacts"
+
+
+def ui_server_uri(home: Path | None = None, timeout_s: float = 1.0) -> str | None:
+    """The MLflow server `make ui` started under this ADA_HOME, when its /health answers; else None."""
+    state = (home or ada_home()) / SERVERS_FILE
+    try:
+        url = json.loads(state.read_text())["mlflow_url"]
+    except (OSError, ValueError, KeyError):
+        return None
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout_s) as response:
+            return url if response.status == 200 else None
+    except OSError:
+        return None
+
+
+def resolve_tracking_uri(explicit: str | None = None) -> str:
+    """explicit > $MLFLOW_TRACKING_URI > the `make ui` server if it is up > embedded SQLite."""
+    if explicit:
+        return with_postgres_driver(explicit)
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return with_postgres_driver(os.environ["MLFLOW_TRACKING_URI"])
+    return ui_server_uri() or default_tracking_uri()
+
+
+def with_postgres_driver(uri: str) -> str:
+    """`postgresql://...` -> `postgresql+psycopg2://...` unless psycopg 3 is installed.
+
+    SQLAlchemy 2.1 maps a bare `postgresql://` to psycopg 3; we ship psycopg2-binary.
+    """
+    if uri.startswith("postgresql://") and importlib.util.find_spec("psycopg") is None:
+        return "postgresql+psycopg2://" + uri.removeprefix("postgresql://")
+    return uri
+
+
+def use_tracking_uri(uri: str) -> None:
+    """Point MLflow's fluent API at `uri` without exporting it.
+
+    `mlflow.set_tracking_uri` also sets $MLFLOW_TRACKING_URI for child processes; left there, the
+    next flow in this process (or a worker it starts) would take it for the user's choice and skip
+    the `make ui` server or an explicit default.
+    """
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before
+
+
+def ensure_experiment(client: MlflowClient, name: str) -> str:
+    """The experiment's id, creating it when missing.
+
+    A database store (SQLite, PostgreSQL) keeps artifacts in $ADA_HOME/mlartifacts/<name>; an HTTP
+    server decides for itself (the `make ui` server proxies the same directory).
+    """
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    location = None
+    if not client.tracking_uri.startswith(("http://", "https://")):
+        location = (artifact_root() / name).as_uri()
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except MlflowException:  # another process created it between our two calls
+        return client.get_experiment_by_name(name).experiment_id
+
+
+@contextmanager
+def tracked_run(
+    tracking_uri: str,
+    experiment: str,
+    run_name: str,
+    parent_run_id: str | None = None,
+    tags: dict[str, str] | None = None,
+) -> Iterator[tuple[MlflowClient, str]]:
+    """Start an MLflow run (child of `parent_run_id` if given) with system metrics; yield (client, run_id).
+
+    The run ends FINISHED, or FAILED when the body raises. Logging goes through the returned client
+    with an explicit run id, so it does not depend on which thread holds MLflow's active-run stack.
+    """
+    tracking_uri = with_postgres_driver(tracking_uri)
+    use_tracking_uri(tracking_uri)
+    client = MlflowClient(tracking_uri)
+    experiment_id = ensure_experiment(client, experiment)
+    with mlflow.start_run(
+        experiment_id=experiment_id,
+        run_name=run_name,
+        parent_run_id=parent_run_id,
+        nested=mlflow.active_run() is not None,
+        tags=tags,
+        log_system_metrics=True,
+    ) as run:
+        yield client, run.info.run_id
+
+
+# ---------------------------------------------------------------------------------------------
+# What a run logs
+
+
+def dataset_hash(dataset: str) -> str:
+    """sha256 (first 16 hex) of a dataset file's bytes, or of the generator name for built-ins."""
+    path = Path(dataset)
+    h = hashlib.sha256()
+    if path.is_file():
+        with path.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    else:
+        h.update(dataset.encode())
+    return h.hexdigest()[:16]
+
+
+def run_params(config: TrainConfig, variant: str, dataset_digest: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The headline params (N, M, n, variant, sampler, advantage, model, dataset_hash, seed) + the flat config."""
+    params: dict[str, Any] = flat_params(config)
+    params.update({
+        "N": config.sampler.N,
+        "M": config.sampler.M,
+        "n": config.sampler.n,
+        "variant": variant,
+        "sampler": config.sampler.name,
+        "advantage": config.advantage.name,
+        "model": config.model,
+        "dataset_hash": dataset_digest,
+        "seed": config.seed,
+    })
+    params.update(extra or {})
+    return params
+
+
+def log_params(client: MlflowClient, run_id: str, params: dict[str, Any]) -> None:
+    items = [Param(str(k), str(v)) for k, v in params.items()]
+    for i in range(0, len(items), _MAX_PARAMS_PER_BATCH):
+        client.log_batch(run_id, params=items[i : i + _MAX_PARAMS_PER_BATCH])
+
+
+def log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float], step: int) -> None:
+    now = int(time.time() * 1000)
+    items = [Metric(k, float(v), now, step) for k, v in metrics.items()]
+    for i in range(0, len(items), _MAX_METRICS_PER_BATCH):
+        client.log_batch(run_id, metrics=items[i : i + _MAX_METRICS_PER_BATCH])
+
+
+def log_generations(client: MlflowClient, run_id: str, step: int, rows: list[dict[str, Any]]) -> None:
+    """Sampled eval generations as an MLflow table (one JSON artifact per evaluation)."""
+    if not rows:
+        return
+    columns = {key: [row.get(key) for row in rows] for key in rows[0]}
+    client.log_table(run_id, data=columns, artifact_file=f"generations/step_{step:06d}.json")
+
+
+def checkpoint_artifact_path(checkpoint: Path) -> str:
+    return f"checkpoints/{checkpoint.name}"
+
+
+def log_checkpoint(client: MlflowClient, run_id: str, checkpoint: Path) -> str:
+    """Upload a checkpoint folder; returns its run-relative artifact path."""
+    artifact_path = checkpoint_artifact_path(checkpoint)
+    client.log_artifacts(run_id, str(checkpoint), artifact_path=artifact_path)
+    return artifact_path
+
+
+class RunLogger:
+    """The trainer callbacks of one MLflow run: step and eval metrics, generation tables, checkpoints.
+
+    Step metrics are buffered and sent in batches (at most every `flush_interval_s`, or when a
+    batch is full) through MLflow's async queue: one 60-metric `log_batch` costs ~30 ms on SQLite,
+    as much as a tenth of a tiny-model step, and a 600-metric one ~110 ms. `flush()` sends what
+    is left and waits; the flows call it before the run ends. Tables and checkpoints are written
+    synchronously: they are rare and must exist once the callback returns.
+    """
+
+    def __init__(self, client: MlflowClient, run_id: str, flush_interval_s: float = 5.0):
+        self.client = client
+        self.run_id = run_id
+        self.flush_interval_s = flush_interval_s
+        self._buffer: list[Metric] = []
+        self._pending: list[Any] = []
+        self._last_send = time.monotonic()
+
+    def _add(self, metrics: dict[str, float], step: int) -> None:
+        now_ms = int(time.time() * 1000)
+        self._buffer.extend(Metric(k, float(v), now_ms, step) for k, v in metrics.items())
+        if len(self._buffer) >= _MAX_METRICS_PER_BATCH or time.monotonic() - self._last_send >= self.flush_interval_s:
+            self._send()
+
+    def _send(self) -> None:
+        while self._buffer:
+            batch, self._buffer = self._buffer[:_MAX_METRICS_PER_BATCH], self._buffer[_MAX_METRICS_PER_BATCH:]
+            operation = self.client.log_batch(self.run_id, metrics=batch, synchronous=False)
+            if operation is not None:
+                self._pending.append(operation)
+        self._last_send = time.monotonic()
+
+    def on_step(self, step: int, metrics: dict[str, float]) -> None:
+        self._add(metrics, step)
+
+    def on_eval(self, step: int, metrics: dict[str, float], generations: list[dict[str, Any]]) -> None:
+        self._add(metrics, step)
+        log_generations(self.client, self.run_id, step, generations)
+
+    def on_checkpoint(self, step: int, path: Path) -> None:
+        log_checkpoint(self.client, self.run_id, path)
+
+    def flush(self) -> None:
+        self._send()
+        pending, self._pending = self._pending, []
+        for operation in pending:
+            operation.wait()
+
+    def callbacks(self) -> Callbacks:
+        return Callbacks(on_step=self.on_step, on_eval=self.on_eval, on_checkpoint=self.on_checkpoint)
+
+
+# ---------------------------------------------------------------------------------------------
+# The model registry
+
+
+def register_policy(
+    client: MlflowClient,
+    run_id: str,
+    artifact_path: str,
+    name: str = REGISTERED_MODEL,
+    alias: str | None = CHAMPION_ALIAS,
+    tags: dict[str, Any] | None = None,
+) -> str:
+    """Register a run's logged HF folder as a new version of `name`, point `alias` at it; return the version.
+
+    Plain artifacts, no MLflow flavour: `evaluate` and `ada_core.models.load_policy` read the folder.
+    """
+    try:
+        client.create_registered_model(name, description="Policies trained by the Reinforce-Ada platform.")
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    source = f"{client.get_run(run_id).info.artifact_uri}/{artifact_path}"
+    version = client.create_model_version(
+        name, source=source, run_id=run_id, tags={k: str(v) for k, v in (tags or {}).items()}
+    )
+    if alias:
+        client.set_registered_model_alias(name, alias, version.version)
+    return version.version
+
+
+def download_model(model_uri: str, tracking_uri: str, dst: Path) -> Path:
+    """A local HF folder for `models:/name@alias`, `models:/name/version` or `runs:/id/path`."""
+    use_tracking_uri(with_postgres_driver(tracking_uri))
+    dst.mkdir(parents=True, exist_ok=True)
+    return Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(dst)))

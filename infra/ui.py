@@ -1,0 +1,244 @@
+"""`make ui`: a local Prefect server + MLflow server + process worker, all on 127.0.0.1.
+
+    python infra/ui.py start    # servers, work pool, `prefect deploy --all`, worker; prints the URLs
+    python infra/ui.py status
+    python infra/ui.py stop     # `make ui-stop`
+
+State lives under $ADA_HOME (default ./.ada): the Prefect home and its SQLite database in
+prefect/, the MLflow store in mlflow.db with artifacts in mlartifacts/ (the same store the embedded
+default writes, so earlier runs show up), and ui/servers.json with the URLs and process ids. While
+the MLflow server answers, flows log to it over HTTP (flows/tracking.py reads servers.json), so
+several processes never write one SQLite file. Ports: ADA_PREFECT_PORT (4200), ADA_MLFLOW_PORT (5000).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+WORK_POOL = "ada-process"
+BIN = Path(sys.executable).parent  # the venv's prefect and mlflow scripts sit next to its python
+
+
+def ada_home() -> Path:
+    home = Path(os.environ.get("ADA_HOME") or REPO / ".ada").resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    return home
+
+
+def quiet_env(home: Path) -> dict[str, str]:
+    """The environment every process here gets: telemetry off, state under $ADA_HOME."""
+    env = dict(os.environ)
+    env.update({
+        "ADA_HOME": str(home),
+        "PREFECT_HOME": str(home / "prefect"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "DO_NOT_TRACK": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    })
+    return env
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
+    """Poll `url` until it answers 200; fail early if `proc` exits. Bounded by `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text()[-2000:] if log and log.exists() else ""
+            raise RuntimeError(f"process for {url} exited with {proc.returncode}:\n{tail}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} did not answer within {timeout_s:.0f}s")
+
+
+_STARTED: dict[int, subprocess.Popen] = {}  # this process's children, reaped by stop_pid
+
+
+def spawn(args: list[str], env: dict[str, str], log: Path, cwd: Path = REPO) -> subprocess.Popen:
+    """Start a background process in its own session, so `stop` can end it and its children by id."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as fh:
+        proc = subprocess.Popen(args, env=env, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    _STARTED[proc.pid] = proc
+    return proc
+
+
+def start_prefect_server(home: Path, port: int, log_dir: Path) -> tuple[subprocess.Popen, str]:
+    env = quiet_env(home)
+    proc = spawn([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port),
+                  "--analytics-off"], env, log_dir / "prefect-server.log")
+    url = f"http://127.0.0.1:{port}"
+    wait_http(f"{url}/api/health", 120, proc, log_dir / "prefect-server.log")
+    return proc, url
+
+
+def start_mlflow_server(home: Path, port: int, log_dir: Path) -> tuple[subprocess.Popen, str]:
+    env = quiet_env(home)
+    # MLflow 3's server otherwise forks a job runner and seven huey consumers (GenAI jobs we never
+    # submit): eight more processes on a 2-core machine, and they outlive a SIGTERM by 20 s.
+    env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
+    (home / "mlartifacts").mkdir(exist_ok=True)
+    proc = spawn([
+        str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+        "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}",
+        "--artifacts-destination", str(home / "mlartifacts"),
+    ], env, log_dir / "mlflow-server.log")
+    url = f"http://127.0.0.1:{port}"
+    wait_http(f"{url}/health", 120, proc, log_dir / "mlflow-server.log")
+    return proc, url
+
+
+def prefect_cli(args: list[str], env: dict[str, str], timeout_s: float = 300) -> str:
+    """Run one `prefect` command against the server in `env`; raise with its output on failure."""
+    result = subprocess.run([str(BIN / "prefect"), "--no-prompt", *args], env=env, cwd=REPO,
+                            capture_output=True, text=True, timeout=timeout_s)
+    if result.returncode != 0:
+        raise RuntimeError(f"prefect {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    return result.stdout
+
+
+def api_env(home: Path, prefect_url: str) -> dict[str, str]:
+    env = quiet_env(home)
+    env["PREFECT_API_URL"] = f"{prefect_url}/api"
+    env["PWD"] = str(REPO)  # prefect.yaml's pull step: set_working_directory {{ $PWD }}
+    return env
+
+
+def deploy(home: Path, prefect_url: str, names: list[str] | None = None) -> None:
+    """Create the process work pool and register prefect.yaml's deployments (all, or `names`)."""
+    env = api_env(home, prefect_url)
+    prefect_cli(["work-pool", "create", WORK_POOL, "--type", "process", "--overwrite"], env)
+    targets = ["--all"] if not names else [arg for name in names for arg in ("--name", name)]
+    prefect_cli(["deploy", *targets], env)
+
+
+def start_worker(home: Path, prefect_url: str, log_dir: Path) -> subprocess.Popen:
+    env = api_env(home, prefect_url)
+    return spawn([str(BIN / "prefect"), "worker", "start", "--pool", WORK_POOL, "--type", "process",
+                  "--install-policy", "never"], env, log_dir / "worker.log")
+
+
+def state_file(home: Path) -> Path:
+    return home / "ui" / "servers.json"
+
+
+def stop_pid(pid: int, timeout_s: float = 20) -> None:
+    """SIGTERM the process group we started for `pid`, then SIGKILL what is left after `timeout_s`."""
+    own = _STARTED.pop(pid, None)
+    try:
+        os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if own is not None:
+                own.poll()  # reap our own child: its zombie would keep the group "alive"
+            os.killpg(pid, 0)
+            time.sleep(0.2)
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    if own is not None:
+        own.wait(timeout=10)
+
+
+def start(home: Path) -> dict:
+    state_path = state_file(home)
+    if state_path.exists():
+        stop(home)  # a stale state file from a crashed session: clear what it names first
+    log_dir = home / "ui"
+    prefect_port = int(os.environ.get("ADA_PREFECT_PORT", 4200))
+    mlflow_port = int(os.environ.get("ADA_MLFLOW_PORT", 5000))
+    for name, port in (("ADA_PREFECT_PORT", prefect_port), ("ADA_MLFLOW_PORT", mlflow_port)):
+        if not port_is_free(port):
+            raise SystemExit(f"port {port} on 127.0.0.1 is taken; set {name} to a free port")
+    state: dict = {"pids": {}}
+    try:
+        prefect_proc, prefect_url = start_prefect_server(home, prefect_port, log_dir)
+        state.update(prefect_url=prefect_url)
+        state["pids"]["prefect_server"] = prefect_proc.pid
+        _write_state(state_path, state)
+        mlflow_proc, mlflow_url = start_mlflow_server(home, mlflow_port, log_dir)
+        state.update(mlflow_url=mlflow_url)
+        state["pids"]["mlflow_server"] = mlflow_proc.pid
+        _write_state(state_path, state)
+        deploy(home, prefect_url)
+        state["pids"]["worker"] = start_worker(home, prefect_url, log_dir).pid
+        _write_state(state_path, state)
+    except BaseException:
+        stop(home)
+        raise
+    return state
+
+
+def stop(home: Path) -> None:
+    path = state_file(home)
+    if not path.exists():
+        print("ui: nothing running (no servers.json)")
+        return
+    state = json.loads(path.read_text())
+    for name in ("worker", "mlflow_server", "prefect_server"):  # worker first: it talks to both
+        pid = state.get("pids", {}).get(name)
+        if pid:
+            stop_pid(int(pid))
+            print(f"ui: stopped {name} (pid {pid})")
+    path.unlink()
+
+
+def _write_state(path: Path, state: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("command", choices=["start", "stop", "status"])
+    args = parser.parse_args(argv)
+    home = ada_home()
+    if args.command == "stop":
+        stop(home)
+        return
+    if args.command == "status":
+        path = state_file(home)
+        print(path.read_text() if path.exists() else "ui: not running")
+        return
+    state = start(home)
+    print(f"""
+Prefect UI : {state['prefect_url']}     (deployments: train, compare, evaluate, curate, sweep;
+                                          work pool '{WORK_POOL}', worker running)
+MLflow UI  : {state['mlflow_url']}     (store {home / 'mlflow.db'}, artifacts {home / 'mlartifacts'})
+Logs       : {home / 'ui'}
+Trigger a run from the Prefect UI (Deployments -> compare -> Run), or:
+  PREFECT_API_URL={state['prefect_url']}/api {BIN / 'prefect'} deployment run compare/compare
+Stop everything with: make ui-stop
+""")
+
+
+if __name__ == "__main__":
+    main()

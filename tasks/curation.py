@@ -1,0 +1,130 @@
+"""`curate_dataset`: difficulty-filter a prompt pool with the model RL will start from. Cached twice.
+
+1. Prefect's cache on the task's inputs (and source): a second call with the same inputs is a
+   `Cached` task run that does no work. Its record lives in Prefect's local result storage
+   ($PREFECT_HOME/storage; the demo and `make ui` put PREFECT_HOME under ADA_HOME). ADA_HOME is
+   one of the inputs, so two homes never share a cache entry.
+2. The curated set itself is persisted under ADA_HOME/curated/<key>/, so a fresh Prefect home (a
+   worker, the demo after `make ui`) still reuses it without sampling again.
+
+The starting model is fixed before curation, because difficulty is relative to it (DESIGN.md:
+prompts the starting model solves 1-2 times in 16). With an SFT warm start, the SFT prompts are a
+separate draw of the generator with every prompt of the curation pool removed, so neither the
+curated training prompts nor the held-out ones were seen by SFT. Training then starts from that
+exact model (`sft_steps=0`) on the curated set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import INPUTS, TASK_SOURCE
+
+from ada_core.paths import ada_home
+
+CURATION_VERSION = 1  # bump when the procedure changes, so old persisted sets are not reused
+
+
+def curation_key(inputs: dict[str, Any]) -> str:
+    payload = json.dumps({"version": CURATION_VERSION, **inputs}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _curate_dataset(
+    model: str, sft_steps: int, dataset: str, pool_size: int, k: int, ceiling: float, seed: int,
+    max_tokens: int, temperature: float, positive_threshold: float, micro_batch_size: int, home: str,
+) -> dict[str, Any]:
+    """Curate (or reuse) and return {dataset, model, kept, pool, key, ...}: plain data for the cache."""
+    from ada_core import curation
+    from ada_core.data import load_prompts, warm_start_prompts
+    from ada_core.engines.transformers_engine import TransformersRolloutEngine
+    from ada_core.models import encode_prompts, load_policy, resolve_model, sft_warm_start
+    from ada_core.protocols import SamplingParams
+    from ada_core.rewards import MathVerifier
+
+    inputs = dict(model=model, sft_steps=sft_steps, dataset=dataset, pool_size=pool_size, k=k, ceiling=ceiling,
+                  seed=seed, max_tokens=max_tokens, temperature=temperature, positive_threshold=positive_threshold)
+    key = curation_key(inputs)
+    out = Path(home) / "curated" / key
+    summary_file = out / "curation.json"
+    if summary_file.is_file():
+        return json.loads(summary_file.read_text())
+
+    pool = load_prompts(dataset, size=pool_size, seed=seed)
+    start_model = resolve_model(model)
+    if sft_steps > 0:
+        start_model = sft_warm_start(start_model, warm_start_prompts(dataset, pool, seed), steps=sft_steps, seed=seed)
+    policy, tokenizer = load_policy(start_model)
+    encode_prompts(tokenizer, pool)
+    engine = TransformersRolloutEngine(policy, tokenizer, micro_batch_size=micro_batch_size)
+    sampling = SamplingParams(temperature=temperature, top_p=1.0, max_tokens=max_tokens, seed=seed)
+    with MathVerifier() as verifier:
+        result = curation.curate(pool, engine, verifier, sampling, k=k, ceiling=ceiling, seed=seed,
+                                 positive_threshold=positive_threshold)
+    curation.save_curated(result, out)
+    summary = {
+        "key": key,
+        "dataset": str(out),
+        "model": str(start_model),
+        "pool": len(pool),
+        "kept": result.report["kept"],
+        "dropped": {f"{stage['stage']}/{reason}": info["count"]
+                    for stage in result.report["stages"] for reason, info in stage["dropped"].items()},
+        "inputs": inputs,
+    }
+    summary_file.write_text(json.dumps(summary, indent=2) + "\n")  # last: marks the set complete
+    return summary
+
+
+curate_dataset = task(
+    _curate_dataset,
+    name="curate_dataset",
+    task_run_name="curate-{dataset}-k{k}",
+    cache_policy=INPUTS + TASK_SOURCE,
+    persist_result=True,
+    retries=1,
+    retry_delay_seconds=2,
+)
+
+
+def curation_inputs(config, seed: int) -> dict[str, Any]:
+    """`curate_dataset`'s inputs for a TrainConfig: its model, SFT, data and rollout settings."""
+    return dict(
+        model=config.model,
+        sft_steps=config.sft_steps,
+        dataset=config.data.dataset,
+        pool_size=config.data.train_size + config.data.eval_size,
+        k=config.data.curation_k,
+        ceiling=config.data.pass_rate_ceiling,
+        seed=seed,
+        max_tokens=config.rollout.max_tokens,
+        temperature=config.rollout.temperature,
+        positive_threshold=config.sampler.positive_threshold,
+        micro_batch_size=config.rollout.micro_batch_size,
+        home=str(ada_home()),
+    )
+
+
+def curate_for(config, seed: int) -> dict[str, Any]:
+    """Curate (or reuse) the prompt set for a TrainConfig."""
+    return curate_dataset(**curation_inputs(config, seed))
+
+
+def training_config(config, curated: dict[str, Any]):
+    """The config training actually runs: the curated set, from the model that curated it, no second SFT."""
+    train_prompts = curated["kept"] - config.data.eval_size
+    if train_prompts < config.prompts_per_step:
+        raise ValueError(
+            f"curation kept {curated['kept']} of {curated['pool']} prompts: after data.eval_size={config.data.eval_size} "
+            f"held out, {max(train_prompts, 0)} remain for prompts_per_step={config.prompts_per_step}; raise "
+            "data.train_size or data.pass_rate_ceiling, or lower data.eval_size or prompts_per_step"
+        )
+    from ada_core.config import deep_merge, validate_config
+
+    return validate_config(deep_merge(config.model_dump(), {
+        "model": curated["model"], "sft_steps": 0, "data": {"dataset": curated["dataset"]},
+    }))

@@ -1,0 +1,88 @@
+"""Session-wide fixtures shared by every test module.
+
+- `ada_home` (autouse): a fresh ADA_HOME for the whole session, so tests never touch ./.ada and
+  costly builds (the tiny model, SFT warm starts, curated sets) are made once and reused.
+- `tiny_model`: the tiny model's HF folder, built once.
+- `prefect_harness`: Prefect's test harness (a temporary server and database), started once.
+- `postgres_uri`: a fresh database on the local PostgreSQL server, dropped at the end.
+- `free_port`: a free loopback port.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+
+import pytest
+
+# Before anything imports prefect or mlflow: no telemetry from any test process or child.
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
+os.environ["DO_NOT_TRACK"] = "1"
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+POSTGRES_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ada_home(tmp_path_factory):
+    home = tmp_path_factory.mktemp("ada_home")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("ADA_HOME", str(home))
+    # A developer's shell may point MLflow elsewhere; tests resolve to the session's own store.
+    patch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    yield home
+    patch.undo()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(ada_home):
+    from ada_core.models import resolve_model
+
+    return resolve_model("tiny")
+
+
+@pytest.fixture(scope="session")
+def prefect_harness(ada_home):
+    """Flows run against a temporary Prefect server; task results persist under the session's ADA_HOME."""
+    from prefect.settings import PREFECT_RESULTS_LOCAL_STORAGE_PATH, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    with temporary_settings({PREFECT_RESULTS_LOCAL_STORAGE_PATH: ada_home / "prefect" / "storage"}):
+        with prefect_test_harness(server_startup_timeout=180):
+            yield
+
+
+@pytest.fixture(scope="session")
+def postgres_uri():
+    """`postgresql://postgres@127.0.0.1:5432/<unique db>`; skipped when no server answers."""
+    psycopg2 = pytest.importorskip("psycopg2")
+    name = f"ada_test_{uuid.uuid4().hex[:12]}"
+    try:
+        admin = psycopg2.connect(POSTGRES_ADMIN, connect_timeout=5)
+    except psycopg2.OperationalError as err:
+        pytest.skip(f"no PostgreSQL server at 127.0.0.1:5432: {err}")
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgresql://postgres@127.0.0.1:5432/{name}"
+    finally:
+        with admin.cursor() as cur:  # MLflow's pooled connections to it are ours; close them first
+            cur.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                (name,),
+            )
+            cur.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        admin.close()
+
+
+@pytest.fixture(scope="session")
+def free_port():
+    def pick() -> int:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+
+    return pick

@@ -1,0 +1,99 @@
+"""`make ui` for real: servers on free loopback ports, prefect.yaml deployed, a worker runs a triggered flow.
+
+One small flow run (curate on a tiny pool) goes the whole way: deployment -> work pool -> worker ->
+flow-run subprocess -> MLflow run on the UI's MLflow server. Every wait is bounded, and the servers
+and worker are always stopped.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+CURATE_PARAMS = {
+    "overrides": {"data.train_size": 48, "data.eval_size": 8, "data.curation_k": 2, "sft_steps": 5},
+    "experiment": "deploy-test",
+}
+FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+def _ui():
+    spec = importlib.util.spec_from_file_location("ada_infra_ui", REPO / "infra" / "ui.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def ui_stack(tmp_path_factory, free_port):
+    """`infra/ui.py start` with its own ADA_HOME (so its own PREFECT_HOME); stopped whatever happens."""
+    ui = _ui()
+    home = tmp_path_factory.mktemp("ui_stack")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("ADA_PREFECT_PORT", str(free_port()))
+    patch.setenv("ADA_MLFLOW_PORT", str(free_port()))
+    patch.setenv("PREFECT_WORKER_QUERY_SECONDS", "2")  # the worker polls often: keeps the test short
+    patch.setenv("TQDM_DISABLE", "1")
+    patch.delenv("PREFECT_API_URL", raising=False)
+    try:
+        state = ui.start(home)
+        yield home, state
+    finally:
+        ui.stop(home)
+        patch.undo()
+
+
+def test_ui_serves_deployments_and_a_worker_runs_a_triggered_flow(ui_stack):
+    home, state = ui_stack
+    assert state["prefect_url"].startswith("http://127.0.0.1:") and state["mlflow_url"].startswith("http://127.0.0.1:")
+    assert json.loads((home / "ui" / "servers.json").read_text())["mlflow_url"] == state["mlflow_url"]
+
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: f"{state['prefect_url']}/api"}):
+        with get_client(sync_client=True) as client:
+            deployments = {f"{client.read_flow(d.flow_id).name}/{d.name}": d for d in client.read_deployments()}
+            assert set(deployments) == {"train/train", "compare/compare", "evaluate/evaluate", "curate/curate",
+                                        "sweep/sweep"}
+            assert all(d.work_pool_name == "ada-process" for d in deployments.values())
+            sweep = deployments["sweep/sweep"]
+            assert [s.schedule.cron for s in sweep.schedules] == ["0 3 * * 0"]
+            assert deployments["train/train"].pull_steps == [
+                {"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}
+            ]
+
+            # The server checks parameters against the flow's pydantic schema before any run exists.
+            with pytest.raises(Exception, match="(?i)valid|schema|steps"):
+                client.create_flow_run_from_deployment(deployments["train/train"].id, parameters={"params": {"steps": 0}})
+
+            run = client.create_flow_run_from_deployment(deployments["curate/curate"].id,
+                                                         parameters={"params": CURATE_PARAMS})
+            deadline = time.monotonic() + 480
+            while time.monotonic() < deadline:
+                flow_run = client.read_flow_run(run.id)
+                if flow_run.state is not None and flow_run.state.type.value in FINAL:
+                    break
+                time.sleep(3)
+            else:
+                pytest.fail(f"flow run {run.id} not finished in 480 s; worker log:\n{(home / 'ui' / 'worker.log').read_text()[-3000:]}")
+            assert flow_run.state.type.value == "COMPLETED", (home / "ui" / "worker.log").read_text()[-3000:]
+
+    # The flow logged to the UI's MLflow server (servers.json), over HTTP.
+    mlflow = MlflowClient(state["mlflow_url"])
+    experiment = mlflow.get_experiment_by_name("deploy-test")
+    assert experiment is not None
+    runs = mlflow.search_runs([experiment.experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert runs[0].data.params["curation.k"] == "2"
+    assert runs[0].data.metrics["curation/pool"] == 56
+    assert {a.path for a in mlflow.list_artifacts(runs[0].info.run_id)} == {"curated"}
+    assert (home / "mlflow.db").is_file() and (home / "prefect" / "prefect.db").is_file()

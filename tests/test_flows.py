@@ -1,0 +1,329 @@
+"""The real flows under Prefect's test harness, inspected through MlflowClient and the Prefect API.
+
+One `compare` run (GRPO vs Ada-balance + the matched GRPO control, curated prompts, 2 steps each)
+is shared by most tests; `sweep`, `evaluate`, `curate` and a `train` on PostgreSQL run once each.
+Sizes are tiny: the point is the plumbing (parent/child runs, params, per-step metrics, system
+metrics, checkpoints, tables, report, registry, task runs, caching), not learning.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+from pydantic import ValidationError
+
+from ada_core import metrics as K
+from ada_core.budget import matched_grpo_prompts
+from ada_core.config import ConfigError
+from ada_core.trainer import read_metrics
+from flows import tracking
+from flows.params import CompareParams, EvaluateParams, SweepParams, TrainParams, nest_dotted
+from flows.report import count_params, load_run, mean_std, merge_rows, summary_table
+
+pytestmark = pytest.mark.slow
+
+# Seconds per run. Two-digit sums and a short SFT warm start: the curated set (prompts solved at
+# least once in 4) keeps ~15% of the 412-prompt pool, enough for 12 held out and 4 per step.
+SMALL = {
+    "data.dataset": "arithmetic:2", "data.train_size": 400, "data.eval_size": 12, "data.curation_k": 4,
+    "data.pass_rate_ceiling": 1.0, "sft_steps": 150, "eval_every": 1, "eval_k": 2, "checkpoint_every": 0,
+}
+HEADLINE = ["N", "M", "n", "variant", "sampler", "advantage", "model", "dataset_hash", "seed"]
+
+
+@pytest.fixture(scope="module")
+def flows_env(prefect_harness, ada_home):
+    patch = pytest.MonkeyPatch()
+    patch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "1")  # short runs still get samples
+    patch.setenv("TQDM_DISABLE", "1")
+    yield MlflowClient(tracking.default_tracking_uri())
+    patch.undo()
+
+
+@pytest.fixture(scope="module")
+def compared(flows_env):
+    from flows.compare import compare
+
+    summary = compare(CompareParams(
+        variants=["grpo", "ada-balance"], matched_grpo=True, seeds=[0], steps=2, prompts_per_step=4,
+        overrides=SMALL, experiment="flows-compare",
+    ))
+    return summary, flows_env
+
+
+def _children(client: MlflowClient, parent_id: str) -> dict[str, object]:
+    parent = client.get_run(parent_id)
+    runs = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'")
+    return {r.info.run_name: r for r in runs}
+
+
+# ---------------------------------------------------------------------------------------------
+# compare: parent/child structure, params, metrics, artifacts, report, registry, task runs
+
+
+def test_compare_makes_one_child_run_per_variant_and_seed(compared):
+    summary, client = compared
+    parent = client.get_run(summary["parent_run_id"])
+    assert parent.info.status == "FINISHED" and "mlflow.parentRunId" not in parent.data.tags
+    assert json.loads(parent.data.params["variants"]) == ["grpo", "ada-balance"]
+    children = _children(client, summary["parent_run_id"])
+    assert set(children) == {"grpo-s0", "ada-balance-s0", "grpo-matched-s0"}
+    assert all(r.info.status == "FINISHED" for r in children.values())
+
+
+def test_every_child_logs_params_step_metrics_and_system_metrics(compared):
+    summary, client = compared
+    children = _children(client, summary["parent_run_id"])
+    ada = children["ada-balance-s0"]
+    for key in HEADLINE:
+        assert key in ada.data.params, key
+    assert (ada.data.params["variant"], ada.data.params["sampler"], ada.data.params["advantage"]) == (
+        "ada-balance", "ada", "global_mean")
+    assert ada.data.params["sampler.exit_rule"] == "balance" and ada.data.params["model"] == "tiny"
+    assert ada.data.params["curated"] == "True" and int(ada.data.params["num_params"]) > 100_000
+    assert len({r.data.params["dataset_hash"] for r in children.values()}) == 1  # one curated set for all
+
+    for run in children.values():
+        run_id = run.info.run_id
+        assert [m.step for m in client.get_metric_history(run_id, K.REWARD_MEAN)] == [1, 2]
+        assert [m.step for m in client.get_metric_history(run_id, K.EVAL_AVG_AT_K)] == [0, 1, 2]
+        for key in (K.BUDGET_GENERATED_SAMPLES_CUM, K.BUDGET_TRAINED_TOKENS_CUM, K.BUDGET_LOGPROB_TOKENS_CUM,
+                    K.TIME_GENERATE_S, K.TIME_UPDATE_S, K.SAMPLER_EFFECTIVE_RATIO):
+            assert key in run.data.metrics, (run.info.run_name, key)
+        assert any(k.startswith("system/cpu") for k in run.data.metrics), run.info.run_name
+
+
+def test_checkpoints_and_generation_tables_are_artifacts(compared, tmp_path):
+    summary, client = compared
+    for run in _children(client, summary["parent_run_id"]).values():
+        run_id = run.info.run_id
+        checkpoint = {a.path for a in client.list_artifacts(run_id, "checkpoints/step_000002")}
+        assert {"checkpoints/step_000002/hf", "checkpoints/step_000002/trainer_state.json"} <= checkpoint
+        tables = [a.path for a in client.list_artifacts(run_id, "generations")]
+        assert tables == ["generations/step_000000.json", "generations/step_000001.json", "generations/step_000002.json"]
+        table = json.loads(Path(client.download_artifacts(run_id, tables[0], str(tmp_path))).read_text())
+        assert {"prompt", "completion", "reward"} <= set(table["columns"]) and table["data"]
+
+
+def test_matched_grpo_generates_as_many_samples_per_step_as_ada_balance(compared):
+    summary, client = compared
+    children = _children(client, summary["parent_run_id"])
+    ada_dir = children["ada-balance-s0"].data.params["run_dir"]
+    samples = [r[K.BUDGET_GENERATED_SAMPLES] for r in read_metrics(ada_dir) if K.BUDGET_GENERATED_SAMPLES in r]
+    expected = matched_grpo_prompts(sum(samples) / len(samples), 4)
+    matched = children["grpo-matched-s0"]
+    assert int(matched.data.params["prompts_per_step"]) == expected
+    assert int(client.get_run(summary["parent_run_id"]).data.params["matched_prompts_per_step_s0"]) == expected
+    assert int(children["grpo-s0"].data.params["prompts_per_step"]) == 4
+    matched_samples = [r[K.BUDGET_GENERATED_SAMPLES] for r in read_metrics(matched.data.params["run_dir"])
+                       if K.BUDGET_GENERATED_SAMPLES in r]
+    assert matched_samples == [expected * 4] * 2
+
+
+def test_report_is_on_the_parent_run_and_a_prefect_artifact(compared):
+    summary, client = compared
+    files = {Path(a.path).name for a in client.list_artifacts(summary["parent_run_id"], "report")}
+    axes = ["step", "generated_samples", "trained_tokens", "wall_time", "compute"]
+    assert {f"accuracy_reward_vs_{a}.png" for a in axes} <= files
+    assert {"effective_ratio.png", "samples_per_step.png", "time_split.png", "report.md"} <= files
+    markdown = (Path(summary["report_dir"]) / "report.md").read_text()
+    rows = [line for line in markdown.splitlines() if line.startswith("| ") and "±" in line]
+    assert [row.split("|")[1].strip() for row in rows] == ["grpo", "ada-balance", "grpo-matched"]
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as prefect:
+        artifacts = prefect.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["compare-report"])))
+    assert artifacts and artifacts[0].type == "markdown"
+    assert "| variant | seeds |" in artifacts[0].data and summary["parent_run_id"] in artifacts[0].data
+
+
+def test_best_policy_is_registered_as_champion(compared):
+    summary, client = compared
+    children = _children(client, summary["parent_run_id"])
+    champion = client.get_model_version_by_alias("ada-policy", "champion")
+    best = max(children.values(), key=lambda r: r.data.metrics[K.EVAL_AVG_AT_K])
+    assert math.isclose(float(champion.tags["eval_avg_at_k"]), best.data.metrics[K.EVAL_AVG_AT_K])
+    assert champion.tags["variant"] in {"grpo", "ada-balance", "grpo-matched"}
+    assert champion.run_id == children[f"{champion.tags['variant']}-s0"].info.run_id
+    assert champion.source.endswith("/checkpoints/step_000002/hf")
+    assert summary["registered"]["uri"] == "models:/ada-policy@champion"
+
+
+def test_each_step_runs_as_prefect_task_runs(compared):
+    summary, client = compared
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    flow_run_id = _children(client, summary["parent_run_id"])["ada-balance-s0"].data.tags["prefect.flow_run_id"]
+    with get_client(sync_client=True) as prefect:
+        task_runs = prefect.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    names = sorted(t.name for t in task_runs)
+    assert [n for n in names if n.startswith(("rollout", "update"))] == [
+        "rollout-step-1", "rollout-step-2", "update-step-1", "update-step-2"]
+    assert [n for n in names if n.startswith("evaluate")] == ["evaluate-step-0", "evaluate-step-1", "evaluate-step-2"]
+    assert "checkpoint-step-2" in names
+    assert any(n.startswith("curate-") for n in names)  # the child's curation: a cache hit, still a task run
+    assert all(t.state.is_completed() for t in task_runs)
+
+
+# ---------------------------------------------------------------------------------------------
+# curate caching, evaluate, sweep, PostgreSQL
+
+
+def test_curation_is_cached_on_its_inputs(compared, ada_home):
+    from tasks.curation import curate_dataset, curate_for, curation_inputs
+
+    config = CompareParams(steps=2, prompts_per_step=4, overrides=SMALL).build("grpo", 0)
+    first = curate_for(config, 0)
+    state = curate_dataset(**curation_inputs(config, 0), return_state=True)
+    assert state.name == "Cached" and state.result() == first
+    # Without Prefect's record the persisted set under ADA_HOME is reused, not re-sampled.
+    summary_file = Path(first["dataset"]) / "curation.json"
+    before = summary_file.stat().st_mtime_ns
+    again = curate_dataset.with_options(refresh_cache=True)(**curation_inputs(config, 0))
+    assert again == first and summary_file.stat().st_mtime_ns == before
+    assert first["kept"] > config.data.eval_size and Path(first["dataset"]).is_relative_to(ada_home / "curated")
+    assert any((ada_home / "prefect" / "storage").iterdir())  # Prefect's cache record, under ADA_HOME
+
+
+def test_evaluate_flow_scores_the_champion(compared):
+    summary, client = compared
+    from flows.evaluate import evaluate
+
+    result = evaluate(EvaluateParams(model="models:/ada-policy@champion", k=2, eval_size=12, experiment="flows-eval"))
+    run = client.get_run(result["run_id"])
+    assert 0.0 <= run.data.metrics[K.EVAL_AVG_AT_K] <= run.data.metrics[K.EVAL_PASS_AT_K] <= 1.0
+    assert run.data.params["model"] == "models:/ada-policy@champion" and run.data.params["k"] == "2"
+    assert [a.path for a in client.list_artifacts(result["run_id"], "generations")] == ["generations/step_000000.json"]
+
+
+def test_evaluate_accepts_checkpoints_and_hf_folders(compared):
+    summary, _ = compared
+    from flows.evaluate import local_model_dir
+
+    checkpoint = Path(summary["children"][0]["run_dir"]) / "checkpoints" / "step_000002"
+    assert local_model_dir(str(checkpoint), "unused", checkpoint) == checkpoint / "hf"
+    assert local_model_dir(str(checkpoint / "hf"), "unused", checkpoint) == checkpoint / "hf"
+    assert local_model_dir("tiny", "unused", checkpoint) == "tiny"  # a built-in name, for resolve_model
+
+
+def test_sweep_runs_the_grid_under_one_parent(flows_env):
+    from flows.sweep import sweep
+
+    params = SweepParams(variants=["ada-balance", "grpo"], N=[1, 2], M=[4], n=[4], seeds=[0], steps=1,
+                         prompts_per_step=4, overrides=SMALL, experiment="flows-sweep")
+    summary = sweep(params)
+    children = _children(flows_env, summary["parent_run_id"])
+    assert set(children) == {"ada-balance-N1-M4-n4-s0", "ada-balance-N2-M4-n4-s0", "grpo-n4-s0"}
+    assert children["ada-balance-N2-M4-n4-s0"].data.params["N"] == "2"
+    assert children["ada-balance-N1-M4-n4-s0"].data.params["N"] == "1"
+    assert summary["registered"]["name"] == "ada-policy"
+
+
+def test_train_flow_on_postgresql(flows_env, postgres_uri):
+    from flows.train import train
+
+    result = train(TrainParams(preset="grpo", steps=1, prompts_per_step=4, overrides=SMALL, curate=False,
+                               tracking_uri=postgres_uri, experiment="flows-postgres", register_as="pg-policy"))
+    client = MlflowClient(tracking.resolve_tracking_uri(postgres_uri))
+    run = client.get_run(result["run_id"])
+    assert run.info.status == "FINISHED" and run.data.params["variant"] == "grpo"
+    assert run.data.params["curated"] == "False"
+    assert [m.step for m in client.get_metric_history(result["run_id"], K.EVAL_AVG_AT_K)] == [0, 1]
+    assert client.list_artifacts(result["run_id"], "checkpoints")
+    assert client.get_model_version_by_alias("pg-policy", "candidate").run_id == result["run_id"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Invalid parameters are rejected before any work
+
+
+def test_invalid_values_fail_before_any_mlflow_run(flows_env):
+    from flows.compare import compare
+    from flows.train import train
+
+    with pytest.raises(ConfigError, match=r"sampler\.n"):
+        train(TrainParams(overrides={"sampler.n": 1}, experiment="flows-invalid"))
+    with pytest.raises(ConfigError, match=r"rollout\.engine.*not installed"):
+        train(TrainParams(engine="vllm", experiment="flows-invalid"))
+    with pytest.raises(ConfigError, match=r"optim\.lr"):
+        compare(CompareParams(variants=["grpo", "ada-balance"], overrides={"optim.lr": -1}, experiment="flows-invalid"))
+    with pytest.raises(Exception, match="matched_grpo"):  # Prefect validates the pydantic parameter model
+        compare(params={"variants": ["grpo"], "matched_grpo": True, "experiment": "flows-invalid"})
+    assert flows_env.get_experiment_by_name("flows-invalid") is None
+
+
+def test_parameter_models_validate_fields():
+    with pytest.raises(ValidationError, match="steps"):
+        TrainParams(steps=0)
+    with pytest.raises(ValidationError, match="preset"):
+        TrainParams(preset="ppo")
+    with pytest.raises(ValidationError, match="variants"):
+        CompareParams(variants=["grpo", "grpo"], matched_grpo=False)
+    assert TrainParams(preset="ada-pos", seed=3, steps=7).config().sampler.exit_rule == "pos"
+    assert TrainParams(overrides={"sampler": {"M": 2}, "sampler.N": 3}).config().sampler.model_dump()["M"] == 2
+
+
+def test_demo_keeps_its_state_under_ada_home_and_runs_prefect_ephemeral(tmp_path, monkeypatch):
+    from flows.demo import configure_environment
+
+    for key in ("ADA_HOME", "PREFECT_HOME", "PREFECT_API_URL"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:1/api")  # a stale URL must not be used
+    home, mode = configure_environment()
+    assert home == tmp_path / ".ada" and mode == "ephemeral"
+    assert os.environ["PREFECT_HOME"] == str(tmp_path / ".ada" / "prefect") and "PREFECT_API_URL" not in os.environ
+    assert os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false" and os.environ["MLFLOW_DISABLE_TELEMETRY"] == "true"
+
+
+def test_nest_dotted_merges_dotted_and_nested_keys():
+    assert nest_dotted({"sampler.M": 8, "sampler": {"N": 2}, "steps": 3}) == {"sampler": {"M": 8, "N": 2}, "steps": 3}
+    with pytest.raises(ConfigError, match="steps"):
+        nest_dotted({"steps": 3, "steps.x": 1})
+
+
+def test_sweep_grid_skips_rounds_for_fixed_samplers():
+    grid = SweepParams(variants=["ada-pos", "dapo"], N=[2, 4], M=[8], n=[4, 8]).grid()
+    assert [label for _, label, _ in grid] == [
+        "ada-pos-N2-M8-n4", "ada-pos-N2-M8-n8", "ada-pos-N4-M8-n4", "ada-pos-N4-M8-n8", "dapo-n4", "dapo-n8"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The report's pure parts, on hand-written metric rows
+
+
+def test_merge_rows_puts_eval_on_the_step_timeline_with_flops():
+    rows = [
+        {"step": 0, K.EVAL_AVG_AT_K: 0.1},
+        {"step": 1, K.REWARD_MEAN: 0.2, K.BUDGET_GENERATED_TOKENS_CUM: 100.0, K.BUDGET_TRAINED_TOKENS_CUM: 40.0,
+         K.BUDGET_LOGPROB_TOKENS_CUM: 40.0},
+        {"step": 1, K.EVAL_AVG_AT_K: 0.3},
+    ]
+    points = merge_rows(rows, num_params=1_000_000)
+    assert [p["step"] for p in points] == [0.0, 1.0]
+    assert points[0][K.BUDGET_GENERATED_SAMPLES_CUM] == 0.0 and points[0]["compute/flops_cum"] == 0.0
+    assert points[1][K.EVAL_AVG_AT_K] == 0.3 and points[1][K.REWARD_MEAN] == 0.2
+    assert points[1]["compute/flops_cum"] == pytest.approx(5.2e8)  # 2e8 + 2.4e8 + 8e7
+
+
+def test_summary_table_reports_mean_and_std_over_seeds(tmp_path):
+    runs = []
+    for seed, acc in ((0, 0.2), (1, 0.4)):
+        run_dir = tmp_path / f"ada-s{seed}"
+        run_dir.mkdir()
+        rows = [{"step": 1, K.REWARD_MEAN: 0.5, K.BUDGET_GENERATED_SAMPLES: 10.0}, {"step": 1, K.EVAL_AVG_AT_K: acc}]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (run_dir / "run_info.json").write_text(json.dumps({"label": "ada", "seed": seed, "num_params": 1000}))
+        runs.append(load_run(run_dir))
+    assert [r.label for r in runs] == ["ada", "ada"] and count_params(runs[0].run_dir) == 1000
+    table = summary_table(runs)
+    assert "| ada | 2 (0,1) | 0.300 ± 0.141 |" in table
+    assert mean_std([1.0]) == (1.0, 0.0) and mean_std([float("nan")])[0] != mean_std([float("nan")])[0]
