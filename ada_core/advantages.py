@@ -49,6 +49,14 @@ def _std(values: np.ndarray) -> float:
     return math.sqrt(float(centred @ centred) / (values.size - 1))
 
 
+def _standardise(rewards: np.ndarray, reference: np.ndarray, eps: float) -> np.ndarray:
+    """(r - mean(reference)) / (std(reference) + eps); zeros when the reference has no variance."""
+    std = _std(reference)
+    if std < eps:
+        return np.zeros_like(rewards)
+    return (rewards - _mean(reference)) / (std + eps)
+
+
 @register_advantage("grpo")
 def grpo(group_rewards: np.ndarray, pool_rewards: np.ndarray, eps: float) -> np.ndarray:
     """GRPO: (r - mean_group) / (std_group + eps); the pool is ignored.
@@ -56,10 +64,7 @@ def grpo(group_rewards: np.ndarray, pool_rewards: np.ndarray, eps: float) -> np.
     group [4] = [1, 0, 0, 0]: mean 0.25, std 0.5 -> [1.5, -0.5, -0.5, -0.5] (eps aside).
     group [4] = [1, 1, 1, 1]: std 0 < eps -> [0, 0, 0, 0].
     """
-    std = _std(group_rewards)
-    if std < eps:
-        return np.zeros_like(group_rewards)
-    return (group_rewards - _mean(group_rewards)) / (std + eps)
+    return _standardise(group_rewards, group_rewards, eps)
 
 
 @register_advantage("group_mean")
@@ -88,10 +93,7 @@ def global_mean_std(group_rewards: np.ndarray, pool_rewards: np.ndarray, eps: fl
     pool [4] = [1, 0, 0, 0] (std 0.5), group = pool -> [1.5, -0.5, -0.5, -0.5] (eps aside).
     A uniform pool (std < eps) gives zeros.
     """
-    std = _std(pool_rewards)
-    if std < eps:
-        return np.zeros_like(group_rewards)
-    return (group_rewards - _mean(pool_rewards)) / (std + eps)
+    return _standardise(group_rewards, pool_rewards, eps)
 
 
 @register_advantage("rloo")

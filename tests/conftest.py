@@ -10,9 +10,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +88,12 @@ def free_port():
             return sock.getsockname()[1]
 
     return pick
+
+
+@pytest.fixture(scope="session")
+def infra_ui():
+    """`infra/ui.py` as a module (it is a script, not part of a package): what `make ui` runs."""
+    spec = importlib.util.spec_from_file_location("ada_infra_ui", Path(__file__).resolve().parents[1] / "infra" / "ui.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -7,7 +7,6 @@ and worker are always stopped.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
 from pathlib import Path
@@ -25,17 +24,10 @@ CURATE_PARAMS = {
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
-def _ui():
-    spec = importlib.util.spec_from_file_location("ada_infra_ui", REPO / "infra" / "ui.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
-def ui_stack(tmp_path_factory, free_port):
+def ui_stack(tmp_path_factory, free_port, infra_ui):
     """`infra/ui.py start` with its own ADA_HOME (so its own PREFECT_HOME); stopped whatever happens."""
-    ui = _ui()
+    ui = infra_ui
     home = tmp_path_factory.mktemp("ui_stack")
     patch = pytest.MonkeyPatch()
     patch.setenv("ADA_PREFECT_PORT", str(free_port()))

@@ -7,7 +7,6 @@ version with an alias, and the download back) without training anything.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -18,20 +17,12 @@ from mlflow import MlflowClient
 from ada_core.config import build_config
 from flows import tracking
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _load_ui_module():
-    spec = importlib.util.spec_from_file_location("ada_infra_ui", REPO / "infra" / "ui.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory, free_port):
+def mlflow_server(tmp_path_factory, free_port, infra_ui):
     """A real `mlflow server` (SQLite + proxied artifacts) on a free loopback port, as `make ui` runs it."""
-    ui = _load_ui_module()
+    ui = infra_ui
     home = tmp_path_factory.mktemp("ui_home")
     proc, url = ui.start_mlflow_server(home, free_port(), home / "ui")
     try:
