@@ -123,6 +123,14 @@ class LossConfig(_Strict):
     mask_truncated: bool = Field(
         False, description="Give truncated responses no loss (DAPO overlong filtering). Ours: off."
     )
+    tis_cap: float | None = Field(
+        None,
+        ge=1.0,
+        description="Truncated importance sampling: multiply each token's PPO-clip loss by the detached weight "
+        "min(exp(old - behaviour), tis_cap), correcting for a rollout engine whose log-probs differ from the "
+        "trainer's (e.g. vLLM in bf16). None = off. >= 1 so on-policy tokens (weight 1) keep their full "
+        "weight. verl's tis_imp_ratio_cap; 2 is the usual value. Ours: off.",
+    )
 
 
 class OptimConfig(_Strict):
@@ -138,6 +146,46 @@ class OptimConfig(_Strict):
         16, ge=1, description="Sequences per forward/backward; gradients accumulate. Ours."
     )
     zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage. Ours: 0 on one CPU process.")
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="Training precision. `bf16` turns on DeepSpeed's bf16 mode: the model, shared with the "
+        "in-process rollout engine, runs in bfloat16 and the optimizer keeps fp32 master weights. Meant for "
+        "GPUs (infra/gpu/zero2_bf16.yaml); it runs on CPU too, but ~3x slower than fp32 on CPUs without bf16 "
+        "matrix units. Ours: fp32.",
+    )
+
+
+class VLLMConfig(_Strict):
+    """The vLLM server behind `rollout.engine: vllm` (see ada_core/engines/vllm_engine.py)."""
+
+    base_url: str | None = Field(
+        None, description="Attach to a running server (e.g. http://127.0.0.1:8000) instead of launching one. "
+        "The run loads its weights into it first; one run per server at a time."
+    )
+    port: int = Field(0, ge=0, le=65535, description="Port of a launched server on 127.0.0.1; 0 picks a free one.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Server dtype; `auto` follows the trainer (float32, or bfloat16 with optim.precision=bf16)."
+    )
+    max_model_len: int | None = Field(
+        None, ge=1, description="Context length of a launched server; None = the model's own."
+    )
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0.0, le=1.0, description="GPU only: the share of GPU memory vLLM may take. 0.5 leaves the rest "
+        "to the trainer on one shared GPU; ~0.9 on a rollout-only GPU."
+    )
+    cpu_kvcache_gib: int = Field(1, ge=1, description="CPU only: KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE).")
+    enforce_eager: bool = Field(True, description="Skip CUDA-graph capture: faster start; set false on GPU for speed.")
+    concurrency: int = Field(64, ge=1, description="Completion requests in flight at once.")
+    startup_timeout_s: float = Field(300.0, gt=0.0, description="Seconds to wait for /health.")
+    request_timeout_s: float = Field(600.0, gt=0.0, description="Seconds one HTTP request may take.")
+    sleep_during_update: bool = Field(
+        False, description="GPU only: /sleep (level 1) during the update and /wake_up after, for one GPU shared "
+        "with the trainer. Refused on CPU: vLLM's sleep mode is CUDA-only."
+    )
+    sync_dir: str | None = Field(
+        None, description="Where the trainer writes safetensors for the weight sync; None = /dev/shm (or the temp dir)."
+    )
+    extra_args: list[str] = Field(default_factory=list, description="More `vllm serve` flags for a launched server.")
 
 
 class RolloutConfig(_Strict):
@@ -148,6 +196,7 @@ class RolloutConfig(_Strict):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling. Ref: 1.0.")
     max_tokens: int = Field(2048, ge=1, description="Max response tokens. Ref: 2048.")
     micro_batch_size: int = Field(64, ge=1, description="Sequences per generate() call on the engine. Ours.")
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
 
 
 class DataConfig(_Strict):

@@ -5,6 +5,13 @@ response tokens. Everything here is a pure tensor function; the update engine ow
 
 Worked example (one token, advantage +1, eps 0.2/0.28): ratio 1.5 is clipped to 1.28, so the
 per-token loss is -min(1.5 * 1, 1.28 * 1) = -1.28 and the token counts as clipped.
+
+Truncated importance sampling (`loss.tis_cap`, verl's `tis_imp_ratio_cap`): the PPO ratio is taken
+against the trainer's recomputed old policy, but the tokens were drawn by the rollout engine's
+behaviour policy, which differs when the engine is another implementation (vLLM, bf16 kernels).
+With a cap c, each token's clipped loss is multiplied by the detached weight
+min(exp(old - behaviour), c), after dual-clip and before aggregation; the entropy and KL terms are
+not weighted. E.g. old - behaviour = log 3, c = 2: the token's loss counts twice.
 """
 
 from __future__ import annotations
@@ -83,20 +90,23 @@ def ppo_clip_loss(
     *,
     entropy: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
+    behaviour_logprobs: torch.Tensor | None = None,
     num_tokens: float | None = None,
     num_seqs: float | None = None,
     max_len: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Token-level PPO-clip loss and its diagnostics.
 
-    logprobs, old_logprobs [B, T]: current and behaviour/old policy log-probs of the response tokens.
+    logprobs, old_logprobs [B, T]: current and old (recomputed) policy log-probs of the response tokens.
     advantages [B]: one advantage per sequence, broadcast over its tokens.
     mask [B, T]: the effective mask (see `effective_mask`).
     entropy [B, T]: optional per-token entropy for the bonus; ref_logprobs [B, T]: optional for the KL.
+    behaviour_logprobs [B, T]: the rollout engine's log-probs; required when `cfg.tis_cap` is set.
     num_tokens / num_seqs / max_len: mini-batch totals for the aggregation (default: this micro-batch).
 
-    Returns (scalar loss, {"clip_frac", "approx_kl", "entropy", "kl_ref"}) with diagnostics as floats
-    averaged over the masked tokens of this micro-batch.
+    Returns (scalar loss, {"clip_frac", "approx_kl", "entropy", "kl_ref", "tis_clip_frac"}) with
+    diagnostics as floats averaged over the masked tokens of this micro-batch; `tis_clip_frac` is the
+    share whose importance weight hit `cfg.tis_cap` (0 when TIS is off).
     """
     mask = mask.float()
     tokens_here = float(mask.sum().item())
@@ -114,6 +124,13 @@ def ppo_clip_loss(
     if cfg.dual_clip_c is not None:
         # Dual-clip: for negative advantages, bound the loss at -c * A so a huge ratio can't blow up.
         per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * cfg.dual_clip_c), per_token)
+    tis_capped = None
+    if cfg.tis_cap is not None:
+        if behaviour_logprobs is None:
+            raise ValueError("loss.tis_cap is set but no behaviour_logprobs were given to ppo_clip_loss")
+        is_ratio = torch.exp((old_logprobs - behaviour_logprobs).detach().float().clamp(-20.0, 20.0))
+        tis_capped = is_ratio > cfg.tis_cap
+        per_token = per_token * is_ratio.clamp(max=cfg.tis_cap)
 
     loss = aggregate(per_token, mask, num_tokens, num_seqs, max_len)
     ent_value = 0.0
@@ -137,6 +154,7 @@ def ppo_clip_loss(
             "approx_kl": _masked_mean(0.5 * log_ratio.detach() ** 2, mask),
             "entropy": ent_value,
             "kl_ref": kl_value,
+            "tis_clip_frac": _masked_mean(tis_capped.float(), mask) if tis_capped is not None else 0.0,
         }
     return loss, diagnostics
 

@@ -57,9 +57,14 @@ BUDGET_LOGPROB_TOKENS_CUM = "budget/logprob_tokens_cum"
 TIME_GENERATE_S = "time/generate_s"
 TIME_REWARD_S = "time/reward_s"
 TIME_UPDATE_S = "time/update_s"
-TIME_SYNC_S = "time/sync_s"
+TIME_SYNC_S = "time/sync_s"  # weight sync to an out-of-process engine, plus sleep/wake-up when on
 TIME_STEP_S = "time/step_s"
 TIME_ELAPSED_S = "time/elapsed_s"  # run wall time so far
+
+# sync/: the once-per-step weight sync to a vLLM server (absent with the in-process engine)
+SYNC_WRITE_S = "sync/write_s"  # writing the safetensors to the sync folder
+SYNC_RELOAD_S = "sync/reload_s"  # pause, reload_weights, reset_prefix_cache, version, resume
+SYNC_WEIGHT_VERSION = "sync/weight_version"  # the version the server now serves (= the step)
 
 # reward/ and response/
 REWARD_MEAN = "reward/mean"  # round-1 mean reward, comparable across variants
@@ -78,6 +83,10 @@ TRAIN_KL_REF = "train/kl_ref"
 
 # update/: the update engine's own diagnostics and time split
 UPDATE_OLD_LOGPROB_GAP_MEAN = "update/old_logprob_gap_mean"  # mean |behaviour - recomputed old| log-prob
+UPDATE_OLD_LOGPROB_GAP_MAX = "update/old_logprob_gap_max"  # max over tokens of the same
+UPDATE_IS_RATIO_MEAN = "update/is_ratio_mean"  # token mean of exp(old - behaviour)
+UPDATE_IS_RATIO_MAX = "update/is_ratio_max"  # token max of exp(old - behaviour)
+UPDATE_TIS_CLIP_FRAC = "update/tis_clip_frac"  # share of trained tokens whose TIS weight hit loss.tis_cap
 UPDATE_OPTIMIZER_STEPS = "update/optimizer_steps"  # optimizer steps taken this step
 UPDATE_RECOMPUTE_S = "update/recompute_s"  # old (and reference) log-prob recompute
 UPDATE_OPTIMIZE_S = "update/optimize_s"  # forward/backward/optimizer steps

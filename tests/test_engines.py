@@ -179,12 +179,13 @@ def make_updater(tiny):
 
     model, tokenizer = tiny
 
-    def make(loss=None, weights=None, ref_model=None, **optim):
+    def make(loss=None, weights=None, ref_model=None, temperature=1.0, **optim):
         policy = copy.deepcopy(model)
         if weights is not None:
             policy.load_state_dict(weights)
         return DeepSpeedUpdateEngine(policy, loss or LossConfig(), OptimConfig(**{**OPTIM, **optim}),
-                                     total_steps=10, pad_token_id=tokenizer.pad_token_id, ref_model=ref_model, seed=0)
+                                     total_steps=10, pad_token_id=tokenizer.pad_token_id, ref_model=ref_model, seed=0,
+                                     temperature=temperature)
 
     return make
 
@@ -218,7 +219,9 @@ def test_updates_give_finite_metrics_and_change_the_shared_weights(make_updater,
     for step in range(3):
         metrics = updater.update(_groups(updater, tokenizer, prompts, seed=step))
         assert set(metrics) >= {K.TRAIN_LOSS, K.TRAIN_ENTROPY, K.TRAIN_CLIP_FRAC, K.TRAIN_APPROX_KL,
-                                K.TRAIN_GRAD_NORM, K.TRAIN_LR, K.TRAIN_KL_REF, K.UPDATE_OLD_LOGPROB_GAP_MEAN}
+                                K.TRAIN_GRAD_NORM, K.TRAIN_LR, K.TRAIN_KL_REF, K.UPDATE_OLD_LOGPROB_GAP_MEAN,
+                                K.UPDATE_OLD_LOGPROB_GAP_MAX, K.UPDATE_IS_RATIO_MEAN, K.UPDATE_IS_RATIO_MAX}
+        assert K.UPDATE_TIS_CLIP_FRAC not in metrics  # only logged when loss.tis_cap is on
         assert all(isinstance(v, float) and math.isfinite(v) for v in metrics.values())
         K.check_keys(metrics)
         assert metrics[K.UPDATE_OPTIMIZER_STEPS] == 2.0 and metrics[K.TRAIN_GRAD_NORM] > 0
@@ -232,11 +235,16 @@ def test_updates_give_finite_metrics_and_change_the_shared_weights(make_updater,
     assert again.completion_ids != probe.completion_ids or again.logprobs != pytest.approx(probe.logprobs, abs=1e-6)
 
 
-def test_first_minibatch_ratio_is_one(make_updater, tiny, prompts):
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_first_minibatch_ratio_is_one(make_updater, tiny, prompts, temperature):
     _, tokenizer = tiny
-    updater = make_updater(mini_batches=1)
-    metrics = updater.update(_groups(updater, tokenizer, prompts, seed=11))
-    assert metrics[K.UPDATE_OLD_LOGPROB_GAP_MEAN] < 1e-4  # recomputed old == behaviour at T=1
+    updater = make_updater(mini_batches=1, temperature=temperature)
+    metrics = updater.update(_groups(updater, tokenizer, prompts, seed=11, temperature=temperature))
+    # The recompute takes log-probs at the sampling temperature, as the engine reports them.
+    assert metrics[K.UPDATE_OLD_LOGPROB_GAP_MEAN] < 1e-4
+    assert metrics[K.UPDATE_OLD_LOGPROB_GAP_MAX] < 1e-4
+    assert metrics[K.UPDATE_IS_RATIO_MEAN] == pytest.approx(1.0, abs=1e-4)
+    assert metrics[K.UPDATE_IS_RATIO_MAX] == pytest.approx(1.0, abs=1e-4)
     assert metrics[K.TRAIN_APPROX_KL] < 1e-9
     assert metrics[K.TRAIN_CLIP_FRAC] == 0.0
 
@@ -344,3 +352,62 @@ def test_update_rejects_bad_groups_and_zero_3(make_updater, tiny, prompts):
         updater.update([group])
     with pytest.raises(ValueError, match="zero_stage=3"):
         make_updater(zero_stage=3)
+
+
+def test_off_policy_metrics_and_tis_see_a_shifted_behaviour_policy(make_updater, tiny, prompts):
+    # Behaviour log-probs 0.5 below the trainer's (as if a rollout server disagreed): every token's
+    # importance ratio is e^0.5 ~ 1.65. With tis_cap 1.2 every weight is capped, so at the first
+    # mini-batch (PPO ratio 1) the loss is exactly 1.2x the uncorrected one.
+    _, tokenizer = tiny
+    plain, corrected = make_updater(), make_updater(loss=LossConfig(tis_cap=1.2))
+    groups = _groups(plain, tokenizer, prompts, seed=101, advantages=(1.0, 0.5))
+    for g in groups:
+        for s in g.samples:
+            s.logprobs = [lp - 0.5 for lp in s.logprobs]
+    m_plain, m_tis = plain.update(copy.deepcopy(groups)), corrected.update(copy.deepcopy(groups))
+    for m in (m_plain, m_tis):
+        K.check_keys(m)
+        assert m[K.UPDATE_OLD_LOGPROB_GAP_MEAN] == pytest.approx(0.5, abs=1e-4)
+        assert m[K.UPDATE_OLD_LOGPROB_GAP_MAX] == pytest.approx(0.5, abs=1e-4)
+        assert m[K.UPDATE_IS_RATIO_MEAN] == pytest.approx(math.exp(0.5), rel=1e-4)
+        assert m[K.UPDATE_IS_RATIO_MAX] == pytest.approx(math.exp(0.5), rel=1e-4)
+    assert K.UPDATE_TIS_CLIP_FRAC not in m_plain and m_tis[K.UPDATE_TIS_CLIP_FRAC] == 1.0
+    assert m_plain[K.TRAIN_LOSS] < -0.1
+    assert m_tis[K.TRAIN_LOSS] == pytest.approx(1.2 * m_plain[K.TRAIN_LOSS], rel=1e-4)
+    assert corrected.update([])[K.UPDATE_TIS_CLIP_FRAC] == 0.0
+
+
+def test_bf16_zero_2_update_on_cpu_and_resume(make_updater, tiny, prompts, tmp_path):
+    # DeepSpeed's bf16 mode runs on its CPU accelerator: the shared model is cast to bf16 (the
+    # rollout engine samples from it), the optimizer keeps fp32 master weights, which save/load restores.
+    _, tokenizer = tiny
+    a = make_updater(zero_stage=2, precision="bf16", mini_batches=2)
+    assert all(p.dtype == torch.bfloat16 for p in a.module.parameters())
+    before = _weights(a.module)
+    metrics = a.update(_groups(a, tokenizer, prompts, seed=111))
+    assert all(math.isfinite(v) for v in metrics.values()) and metrics[K.TRAIN_GRAD_NORM] > 0
+    # bf16 KV-cache sampling vs a bf16 full forward: a small gap, the mismatch these metrics watch for
+    assert 0 < metrics[K.UPDATE_OLD_LOGPROB_GAP_MAX] < 0.1
+    after = _weights(a.module)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert all(torch.isfinite(v).all() for v in after.values())
+    a.save(tmp_path / "opt")
+    b = make_updater(zero_stage=2, precision="bf16", mini_batches=2, weights=after)
+    b.load(tmp_path / "opt")
+    groups = _groups(a, tokenizer, prompts, seed=112)
+    a.update(groups)
+    b.update(groups)
+    wa, wb = _weights(a.module), _weights(b.module)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    with pytest.raises(ValueError, match="saved with precision bf16, but optim.precision=fp32"):
+        make_updater(zero_stage=2).load(tmp_path / "opt")
+
+
+def test_gpu_overlay_validates_as_a_config_file():
+    from pathlib import Path
+
+    from ada_core.config import build_config
+
+    overlay = Path(__file__).resolve().parents[1] / "infra" / "gpu" / "zero2_bf16.yaml"
+    cfg = build_config("grpo", "smollm2-135m", config_file=overlay)
+    assert cfg.optim.zero_stage == 2 and cfg.optim.precision == "bf16"

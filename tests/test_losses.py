@@ -105,3 +105,57 @@ def test_entropy_bonus_and_reference_kl():
     loss, diag = ppo_clip_loss(logprobs, logprobs, adv, mask, LossConfig(kl_coef=0.5), ref_logprobs=logprobs - 1.0)
     assert diag["kl_ref"] == pytest.approx(math.exp(-1.0), rel=1e-5)
     assert loss.item() == pytest.approx(0.5 * math.exp(-1.0), rel=1e-5)
+
+
+def test_tis_weights_each_token_by_the_capped_importance_ratio():
+    # Current == old (PPO ratio 1, nothing clipped), A = +1. old - behaviour = log 1.5 and log 4, cap 2:
+    # weights 1.5 and 2 (capped), per-token losses -1.5 and -2, token-mean -1.75, half the tokens capped.
+    # The weight is a constant: d loss / d logprob_t = -A * w_t / 2 = [-0.75, -1.0].
+    old = torch.full((1, 2), -1.0)
+    behaviour = old - torch.log(torch.tensor([[1.5, 4.0]]))
+    logprobs = old.clone().requires_grad_(True)
+    loss, diag = ppo_clip_loss(logprobs, old, torch.tensor([1.0]), torch.ones(1, 2), LossConfig(tis_cap=2.0),
+                               behaviour_logprobs=behaviour)
+    assert loss.item() == pytest.approx(-1.75, abs=1e-6)
+    assert diag["tis_clip_frac"] == pytest.approx(0.5)
+    loss.backward()
+    assert torch.allclose(logprobs.grad, torch.tensor([[-0.75, -1.0]]), atol=1e-6)
+
+
+def test_tis_weight_applies_after_dual_clip():
+    # A = -1, PPO ratio 20: dual-clip bounds the loss at 10; an importance weight of 1.5 (under the cap) makes it 15.
+    logprobs, old = _ratios(20.0)
+    behaviour = old - math.log(1.5)
+    loss, diag = ppo_clip_loss(logprobs, old, torch.tensor([-1.0]), torch.ones(1, 1),
+                               LossConfig(dual_clip_c=10.0, tis_cap=2.0), behaviour_logprobs=behaviour)
+    assert loss.item() == pytest.approx(15.0, rel=1e-5)
+    assert diag["tis_clip_frac"] == 0.0
+
+
+def test_tis_off_leaves_loss_and_gradient_unchanged():
+    torch.manual_seed(1)
+    old = -torch.rand(3, 4) * 3
+    behaviour = old + torch.randn(3, 4)  # far off-policy: ignored while tis_cap is None
+    adv, mask = torch.tensor([1.0, -0.5, 2.0]), torch.tensor([[1.0, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
+    results = []
+    for cfg, extra in ((LossConfig(), {}), (LossConfig(), {"behaviour_logprobs": behaviour}),
+                       (LossConfig(tis_cap=2.0), {"behaviour_logprobs": old})):  # on-policy: every weight 1
+        logprobs = (old + 0.3 * torch.randn(3, 4, generator=torch.Generator().manual_seed(2))).requires_grad_(True)
+        loss, diag = ppo_clip_loss(logprobs, old, adv, mask, cfg, **extra)
+        loss.backward()
+        results.append((loss.item(), logprobs.grad, diag))
+    (base, grad, diag), *others = results
+    assert diag["tis_clip_frac"] == 0.0
+    for value, other_grad, other_diag in others:
+        assert value == pytest.approx(base, abs=1e-6)
+        assert torch.allclose(other_grad, grad, atol=1e-7)
+        assert other_diag["clip_frac"] == diag["clip_frac"] and other_diag["tis_clip_frac"] == 0.0
+
+
+def test_tis_needs_behaviour_logprobs_and_a_cap_of_at_least_one():
+    logprobs, old = _ratios(1.0)
+    with pytest.raises(ValueError, match="loss.tis_cap is set but no behaviour_logprobs"):
+        ppo_clip_loss(logprobs, old, torch.tensor([1.0]), torch.ones(1, 1), LossConfig(tis_cap=2.0))
+    with pytest.raises(ValueError, match="tis_cap"):
+        LossConfig(tis_cap=0.5)
+    assert LossConfig(tis_cap=1.0).tis_cap == 1.0 and LossConfig().tis_cap is None

@@ -1,10 +1,12 @@
-"""The update engine: PPO-clip on a step's Groups with DeepSpeed (one gloo process on CPU).
+"""The update engine: PPO-clip on a step's Groups with DeepSpeed (one process: gloo on CPU, nccl on CUDA).
 
 One `update(groups)` call is one training step:
 1. Flatten the groups into sequences `prompt_ids + completion_ids`, each with its group's advantage.
 2. Recompute the old-policy log-probs ONCE, with no grad, before any optimizer step (and the frozen
-   reference model's, when a KL term is on). Their gap to the engine's behaviour log-probs is
-   logged as `update/old_logprob_gap_mean`, an off-policy diagnostic.
+   reference model's, when a KL term is on). Their per-token gap to the rollout engine's behaviour
+   log-probs, and the importance ratio exp(old - behaviour) it implies, are the off-policy guard
+   metrics (`update/old_logprob_gap_*`, `update/is_ratio_*`): ~0 and ~1 with the in-process engine,
+   the rollout-training mismatch with a vLLM server. `loss.tis_cap` corrects for it (losses.py).
 3. For each PPO epoch, shuffle the groups (seeded) and split them by prompt into `mini_batches`
    near-equal mini-batches; each mini-batch is ONE optimizer step, its gradient accumulated over
    micro-batches of `micro_batch_size` sequences. The loss denominators (token count, sequence
@@ -20,12 +22,18 @@ Sequence layout in a micro-batch (left-padded prompts, right-padded responses), 
 so the response logits are the last T+1 positions minus the final one (`logits_to_keep=T+1`), and
 the LM head never runs over prompt positions.
 
-Old log-probs are recomputed in eval mode, as the rollout engine samples; the training forward runs
+All log-probs (old, reference, current) are taken from logits / T at the sampling temperature T,
+the convention of the rollout engines' behaviour log-probs. Old log-probs are recomputed in eval mode, as the rollout engine samples; the training forward runs
 in train mode, so the ratio starts at exactly 1 only for models without dropout (Llama's default).
 
 The LR schedule is a linear warm-up over `warmup_steps` optimizer steps (step s uses
 lr * min(1, (s+1)/warmup_steps)), then constant. Weight decay applies to matrices, not to norms and
-biases. An empty list of groups performs no step and returns all-zero metrics.
+biases. An empty list of groups performs no step and returns zero metrics (importance ratios 1).
+
+Device and precision follow DeepSpeed's accelerator (CUDA when torch sees a GPU, else CPU; the
+`DS_ACCELERATOR` variable forces one): the model moves to it, and `optim.precision=bf16` turns on
+DeepSpeed's bf16 mode, which casts the shared model to bfloat16 (so the in-process rollout engine
+samples in bf16 too) and keeps fp32 master weights in the optimizer.
 """
 
 from __future__ import annotations
@@ -47,13 +55,15 @@ from ada_core.records import Group
 log = logging.getLogger(__name__)
 
 _STATE_FILE = "update_engine.pt"
+# ppo_clip_loss's diagnostics, token-weighted over every optimizer step of an update.
+_DIAGNOSTICS = ("clip_frac", "approx_kl", "entropy", "kl_ref", "tis_clip_frac")
 
 
 class DeepSpeedUpdateEngine:
     """PPO-clip updates of an HF causal LM wrapped in a DeepSpeed engine (ZeRO stage 0-2)."""
 
     def __init__(self, model, loss_cfg: LossConfig, optim_cfg: OptimConfig, total_steps: int,
-                 pad_token_id: int, ref_model=None, seed: int = 0):
+                 pad_token_id: int, ref_model=None, seed: int = 0, temperature: float = 1.0):
         if pad_token_id is None:
             raise ValueError("pad_token_id is None: give the tokenizer's pad (or eos) token id")
         if optim_cfg.zero_stage == 3:
@@ -65,6 +75,11 @@ class DeepSpeedUpdateEngine:
         self.optim_cfg = optim_cfg
         self.total_steps = total_steps  # the schedule is warm-up then constant; kept for decaying ones
         self.pad_token_id = int(pad_token_id)
+        if temperature <= 0:
+            raise ValueError(f"rollout.temperature must be > 0, got {temperature}")
+        # Log-probs are taken at the sampling temperature, as the rollout engines report them, so the
+        # PPO ratio compares like with like and starts at 1 whatever the temperature.
+        self.temperature = float(temperature)
         self.ref_model = ref_model if (ref_model is not None and loss_cfg.kl_coef > 0) else None
         if self.ref_model is not None:
             self.ref_model.eval().requires_grad_(False)
@@ -88,7 +103,7 @@ class DeepSpeedUpdateEngine:
         is the rate of the last step. No groups (or no completion tokens): no step, zero metrics."""
         seqs = _flatten(groups)
         if not seqs:
-            return _zero_metrics(lr=self._lr())
+            return _zero_metrics(lr=self._lr(), tis=self.loss_cfg.tis_cap is not None)
         was_training = self.module.training
         start = time.perf_counter()
         self._recompute_old(seqs)
@@ -96,7 +111,7 @@ class DeepSpeedUpdateEngine:
 
         start = time.perf_counter()
         sums = dict.fromkeys(("loss", "grad_norm"), 0.0)
-        token_sums = dict.fromkeys(("clip_frac", "approx_kl", "entropy", "kl_ref"), 0.0)
+        token_sums = dict.fromkeys(_DIAGNOSTICS, 0.0)
         tokens_seen, steps, lr = 0.0, 0, self._lr()
         by_group: dict[int, list[dict]] = {}
         for s in seqs:
@@ -118,9 +133,7 @@ class DeepSpeedUpdateEngine:
                         token_sums[key] += diag[key]
         finally:
             self.module.train(was_training)
-        gap_tokens = sum(len(s["completion"]) for s in seqs)
-        gap = sum(float((s["behaviour"] - s["old"]).abs().sum()) for s in seqs) / max(gap_tokens, 1)
-        return {
+        out = {
             K.TRAIN_LOSS: sums["loss"] / max(steps, 1),
             K.TRAIN_ENTROPY: token_sums["entropy"] / max(tokens_seen, 1.0),
             K.TRAIN_CLIP_FRAC: token_sums["clip_frac"] / max(tokens_seen, 1.0),
@@ -128,11 +141,14 @@ class DeepSpeedUpdateEngine:
             K.TRAIN_GRAD_NORM: sums["grad_norm"] / max(steps, 1),
             K.TRAIN_LR: float(lr),
             K.TRAIN_KL_REF: token_sums["kl_ref"] / max(tokens_seen, 1.0),
-            K.UPDATE_OLD_LOGPROB_GAP_MEAN: gap,
+            **_off_policy_stats(seqs),
             K.UPDATE_OPTIMIZER_STEPS: float(steps),
             K.UPDATE_RECOMPUTE_S: recompute_s,
             K.UPDATE_OPTIMIZE_S: time.perf_counter() - start,
         }
+        if self.loss_cfg.tis_cap is not None:
+            out[K.UPDATE_TIS_CLIP_FRAC] = token_sums["tis_clip_frac"] / max(tokens_seen, 1.0)
+        return out
 
     def save(self, directory: str | Path) -> Path:
         """Optimizer, scheduler, step counters and the shuffle RNG (HF weights are saved by the trainer)."""
@@ -145,6 +161,7 @@ class DeepSpeedUpdateEngine:
             "global_samples": self.engine.global_samples,
             "shuffle_rng": self._shuffle.get_state(),
             "zero_stage": self.optim_cfg.zero_stage,
+            "precision": self.optim_cfg.precision,
         }
         torch.save(state, directory / _STATE_FILE)
         return directory
@@ -158,10 +175,15 @@ class DeepSpeedUpdateEngine:
         if state["zero_stage"] != self.optim_cfg.zero_stage:
             raise ValueError(f"{path} was saved with ZeRO stage {state['zero_stage']}, but optim.zero_stage="
                              f"{self.optim_cfg.zero_stage}: resume with the same stage")
-        if isinstance(self.optimizer, torch.optim.Optimizer):
+        saved_precision = state.get("precision", "fp32")  # files from before optim.precision existed
+        if saved_precision != self.optim_cfg.precision:
+            raise ValueError(f"{path} was saved with precision {saved_precision}, but optim.precision="
+                             f"{self.optim_cfg.precision}: resume with the same precision")
+        if self.optim_cfg.zero_stage == 0:  # torch's AdamW, or DeepSpeed's bf16 wrapper with its fp32 master copy
             self.optimizer.load_state_dict(state["optimizer"])
-        else:  # a ZeRO optimizer takes one state dict per rank
-            self.optimizer.load_state_dict([state["optimizer"]], load_optimizer_states=True)
+        else:  # ZeRO (and stage-1 bf16) optimizers take one state dict per rank; restore the saved fp32 master
+            # weights rather than re-deriving them from the (bf16) module weights
+            self.optimizer.load_state_dict([state["optimizer"]], load_optimizer_states=True, load_from_fp32_weights=True)
         self.scheduler.load_state_dict(state["scheduler"])
         self.engine.global_steps = state["global_steps"]
         self.engine.global_samples = state["global_samples"]
@@ -197,7 +219,7 @@ class DeepSpeedUpdateEngine:
         num_tokens = float(sum(m.sum() for m in masks))
         num_seqs = float(sum(int((m.sum(-1) > 0).sum()) for m in masks))  # fully masked rows don't count
         max_len = max(b["response_ids"].shape[1] for b in micro)
-        total_loss, diag_sums = 0.0, dict.fromkeys(("clip_frac", "approx_kl", "entropy", "kl_ref"), 0.0)
+        total_loss, diag_sums = 0.0, dict.fromkeys(_DIAGNOSTICS, 0.0)
         for i, (batch, mask) in enumerate(zip(micro, masks)):
             self.engine.set_gradient_accumulation_boundary(i == len(micro) - 1)
             logits = self._response_logits(self.engine, batch)
@@ -209,7 +231,7 @@ class DeepSpeedUpdateEngine:
                     entropy = token_entropy(logits.detach())
             loss, diag = ppo_clip_loss(
                 logprobs, batch["old"], batch["advantages"], mask, cfg, entropy=entropy, ref_logprobs=batch["ref"],
-                num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len,
+                behaviour_logprobs=batch["behaviour"], num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len,
             )
             self.engine.backward(loss, scale_wrt_gas=False)  # denominators already span the mini-batch
             total_loss += float(loss.detach())
@@ -229,7 +251,8 @@ class DeepSpeedUpdateEngine:
         extra = {self._keep_kwarg: width + 1} if self._keep_kwarg else {}
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                     position_ids=batch["position_ids"], use_cache=False, **extra)
-        return out.logits[:, -(width + 1) : -1, :]
+        logits = out.logits[:, -(width + 1) : -1, :]
+        return logits / self.temperature if self.temperature != 1.0 else logits
 
 
 def collate(seqs: list[dict], pad_token_id: int, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
@@ -315,29 +338,51 @@ def _grad_norm(module) -> float:
     return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
 
 
-def _zero_metrics(lr: float) -> dict[str, float]:
+def _off_policy_stats(seqs: list[dict]) -> dict[str, float]:
+    """Per-token |old - behaviour| (mean, max) and the importance ratio exp(old - behaviour) (mean, max)
+    over every completion token, the off-policy guard metrics. The log-ratio is clamped to +-20 as in
+    the loss, so one token with a near-zero behaviour probability cannot overflow the max."""
+    delta = torch.cat([s["old"] - s["behaviour"] for s in seqs])
+    ratio = delta.clamp(-20.0, 20.0).exp()
+    return {
+        K.UPDATE_OLD_LOGPROB_GAP_MEAN: float(delta.abs().mean()),
+        K.UPDATE_OLD_LOGPROB_GAP_MAX: float(delta.abs().max()),
+        K.UPDATE_IS_RATIO_MEAN: float(ratio.mean()),
+        K.UPDATE_IS_RATIO_MAX: float(ratio.max()),
+    }
+
+
+def _zero_metrics(lr: float, tis: bool) -> dict[str, float]:
+    """An update with nothing to train on; the importance ratios are reported as 1 (no mismatch seen)."""
     keys = (K.TRAIN_LOSS, K.TRAIN_ENTROPY, K.TRAIN_CLIP_FRAC, K.TRAIN_APPROX_KL, K.TRAIN_GRAD_NORM,
-            K.TRAIN_KL_REF, K.UPDATE_OLD_LOGPROB_GAP_MEAN, K.UPDATE_OPTIMIZER_STEPS, K.UPDATE_RECOMPUTE_S,
-            K.UPDATE_OPTIMIZE_S)
-    return {**dict.fromkeys(keys, 0.0), K.TRAIN_LR: lr}
+            K.TRAIN_KL_REF, K.UPDATE_OLD_LOGPROB_GAP_MEAN, K.UPDATE_OLD_LOGPROB_GAP_MAX, K.UPDATE_OPTIMIZER_STEPS,
+            K.UPDATE_RECOMPUTE_S, K.UPDATE_OPTIMIZE_S) + ((K.UPDATE_TIS_CLIP_FRAC,) if tis else ())
+    return {**dict.fromkeys(keys, 0.0), K.UPDATE_IS_RATIO_MEAN: 1.0, K.UPDATE_IS_RATIO_MAX: 1.0, K.TRAIN_LR: lr}
 
 
 def _initialize(model, optim_cfg: OptimConfig):
-    """deepspeed.initialize on one process (gloo), AdamW with decay on matrices, warm-up LambdaLR."""
+    """deepspeed.initialize on one process, AdamW with decay on matrices, warm-up LambdaLR.
+
+    The process group's backend is the accelerator's own (gloo on CPU, nccl on CUDA), not a fixed one.
+    """
     for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ.setdefault(key, value)
     if "MASTER_PORT" not in os.environ:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-    log.info("initialising DeepSpeed (ZeRO stage %d, gloo)", optim_cfg.zero_stage)
     import deepspeed
+    from deepspeed.accelerator import get_accelerator
     from deepspeed.git_version_info import installed_ops
 
-    if not installed_ops.get("deepspeed_shm_comm"):
+    accelerator = get_accelerator()
+    backend = accelerator.communication_backend_name()
+    log.info("initialising DeepSpeed (ZeRO stage %d, %s, %s on %s)", optim_cfg.zero_stage, optim_cfg.precision,
+             backend, accelerator.device_name())
+    if accelerator.device_name() == "cpu" and not installed_ops.get("deepspeed_shm_comm"):
         log.warning("DeepSpeed's shm comm op was not pre-built at install (DS_BUILD_SHM_COMM=1); "
                     "init_distributed may now JIT-compile it, which takes about a minute")
-    deepspeed.init_distributed(dist_backend="gloo")  # a no-op when already initialised
+    deepspeed.init_distributed(dist_backend=backend)  # a no-op when already initialised
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
     optimizer = torch.optim.AdamW(
@@ -354,6 +399,7 @@ def _initialize(model, optim_cfg: OptimConfig):
         "gradient_accumulation_steps": 1,  # we mark the accumulation boundary ourselves per mini-batch
         "gradient_clipping": optim_cfg.grad_clip,
         "zero_optimization": {"stage": optim_cfg.zero_stage},
+        "bf16": {"enabled": optim_cfg.precision == "bf16"},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 1 << 30,
     }
