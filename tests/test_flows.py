@@ -245,13 +245,26 @@ def test_train_flow_on_postgresql(flows_env, postgres_uri):
 # Invalid parameters are rejected before any work
 
 
-def test_invalid_values_fail_before_any_mlflow_run(flows_env):
+def test_train_flow_with_the_vllm_engine(flows_env, vllm_server):
+    from flows.train import train
+
+    overrides = {**SMALL, "rollout.vllm.base_url": vllm_server.base_url}
+    result = train(TrainParams(preset="ada-balance", engine="vllm", steps=2, prompts_per_step=4, overrides=overrides,
+                               curate=False, experiment="flows-vllm"))
+    run = flows_env.get_run(result["run_id"])
+    assert run.info.status == "FINISHED" and run.data.params["rollout.engine"] == "vllm"
+    assert [m.value for m in flows_env.get_metric_history(result["run_id"], "sync/weight_version")] == [1.0, 2.0]
+    assert all(m.value > 0 for m in flows_env.get_metric_history(result["run_id"], K.TIME_SYNC_S))
+
+
+def test_invalid_values_fail_before_any_mlflow_run(flows_env, monkeypatch, tmp_path):
     from flows.compare import compare
     from flows.train import train
 
     with pytest.raises(ConfigError, match=r"sampler\.n"):
         train(TrainParams(overrides={"sampler.n": 1}, experiment="flows-invalid"))
-    with pytest.raises(ConfigError, match=r"rollout\.engine.*not installed"):
+    monkeypatch.setenv("ADA_VLLM_PYTHON", str(tmp_path / "no-such-env" / "python"))
+    with pytest.raises(ConfigError, match=r"rollout\.engine.*make vllm-env"):
         train(TrainParams(engine="vllm", experiment="flows-invalid"))
     with pytest.raises(ConfigError, match=r"optim\.lr"):
         compare(CompareParams(variants=["grpo", "ada-balance"], overrides={"optim.lr": -1}, experiment="flows-invalid"))

