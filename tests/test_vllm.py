@@ -204,3 +204,23 @@ def test_vllm_config_errors_name_the_field(monkeypatch, tmp_path):
         check_engine_config(build_config("grpo", "tiny", overrides={"rollout": {"engine": "vllm"}}))
     attach = build_config("grpo", "tiny", overrides={"rollout": {"engine": "vllm", "vllm": {"base_url": "http://127.0.0.1:9"}}})
     check_engine_config(attach)  # attaching needs no local environment
+
+
+def test_a_server_that_cannot_start_is_reported_with_its_log(tiny_model, tmp_path):
+    from ada_core.engines.vllm_server import VLLMServer
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    server = VLLMServer(broken, log_path=tmp_path / "broken.log", startup_timeout_s=300)
+    with pytest.raises(VLLMServerError, match=r"(?s)exited with code \d+ while starting.*last \d+ lines of .*broken\.log"):
+        server.start()
+    assert server.process is None
+
+    slow = VLLMServer(tiny_model, log_path=tmp_path / "slow.log", startup_timeout_s=1)
+    with pytest.raises(VLLMServerError, match=r"did not answer /health within 1s"):
+        slow.start()
+    assert slow.process is None and not slow.healthy()
+
+    with pytest.raises(VLLMServerError, match="no config.json"):
+        VLLMServer(tmp_path)
