@@ -187,7 +187,7 @@ def build_rollout_engine(config: TrainConfig, model_dir: Path, module, tokenizer
 
 
 def _trainer_dtype(config: TrainConfig) -> str:
-    return "bfloat16" if getattr(config.optim, "precision", "fp32") == "bf16" else "float32"
+    return "bfloat16" if config.optim.precision == "bf16" else "float32"
 
 
 def rollout_step(state: RunState) -> RolloutBatch:
