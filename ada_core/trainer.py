@@ -159,35 +159,8 @@ def build_rollout_engine(config: TrainConfig, model_dir: Path, module, tokenizer
     if config.rollout.engine == "transformers":
         return TransformersRolloutEngine(module, tokenizer, micro_batch_size=config.rollout.micro_batch_size)
     from ada_core.engines.vllm_engine import VLLMRolloutEngine
-    from ada_core.engines.vllm_server import VLLMServer, check_engine_config
 
-    check_engine_config(config)
-    v = config.rollout.vllm
-    server = None
-    if v.base_url is None:
-        dtype = v.dtype if v.dtype != "auto" else _trainer_dtype(config)
-        server = VLLMServer(model_dir, max_model_len=v.max_model_len, dtype=dtype, port=v.port,
-                            log_path=output_dir / "vllm-server.log", gpu_memory_utilization=v.gpu_memory_utilization,
-                            cpu_kvcache_gib=v.cpu_kvcache_gib, enforce_eager=v.enforce_eager,
-                            enable_sleep_mode=v.sleep_during_update, startup_timeout_s=v.startup_timeout_s,
-                            extra_args=v.extra_args).start()
-    try:
-        engine = VLLMRolloutEngine(server.base_url if server else v.base_url, server=server,
-                                   concurrency=v.concurrency, request_timeout_s=v.request_timeout_s,
-                                   sync_root=v.sync_dir, sleep_during_update=v.sleep_during_update)
-        if server is None:
-            engine.sync_weights(module, version=weight_version)
-        else:
-            engine.set_weight_version(weight_version)
-    except BaseException:
-        if server is not None:
-            server.stop()
-        raise
-    return engine
-
-
-def _trainer_dtype(config: TrainConfig) -> str:
-    return "bfloat16" if config.optim.precision == "bf16" else "float32"
+    return VLLMRolloutEngine.from_config(config, model_dir, module, output_dir, weight_version=weight_version)
 
 
 def rollout_step(state: RunState) -> RolloutBatch:

@@ -42,7 +42,8 @@ import httpx
 
 from ada_core import metrics as K
 from ada_core.engines.transformers_engine import _check_sampling, _row_seed
-from ada_core.engines.vllm_server import SERVED_MODEL_NAME, VLLMServer, VLLMServerError, check_sleep_supported
+from ada_core.engines.vllm_server import (SERVED_MODEL_NAME, VLLMServer, VLLMServerError, check_engine_config,
+                                          check_sleep_supported)
 from ada_core.protocols import SamplingParams
 from ada_core.records import Prompt, Sample
 
@@ -83,6 +84,35 @@ class VLLMRolloutEngine:
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="vllm-request")
         self._sync_dir = Path(tempfile.mkdtemp(prefix="ada-weight-sync-", dir=sync_root or default_sync_root()))
         self.model_name = model_name or self._served_model()
+
+    @classmethod
+    def from_config(cls, config, model_dir: Path, module, output_dir: Path, weight_version: int = 0) -> VLLMRolloutEngine:
+        """The engine `config.rollout.vllm` (of a TrainConfig) asks for, serving weight version `weight_version`:
+        a server launched on `model_dir` (the run's current weights, log in `output_dir`), or the server at
+        `base_url` with `module`'s weights loaded into it."""
+        check_engine_config(config)
+        v = config.rollout.vllm
+        server = None
+        if v.base_url is None:
+            dtype = v.dtype if v.dtype != "auto" else ("bfloat16" if config.optim.precision == "bf16" else "float32")
+            server = VLLMServer(model_dir, max_model_len=v.max_model_len, dtype=dtype, port=v.port,
+                                log_path=Path(output_dir) / "vllm-server.log",
+                                gpu_memory_utilization=v.gpu_memory_utilization, cpu_kvcache_gib=v.cpu_kvcache_gib,
+                                enforce_eager=v.enforce_eager, enable_sleep_mode=v.sleep_during_update,
+                                startup_timeout_s=v.startup_timeout_s, extra_args=v.extra_args).start()
+        try:
+            engine = cls(server.base_url if server else v.base_url, server=server, concurrency=v.concurrency,
+                         request_timeout_s=v.request_timeout_s, sync_root=v.sync_dir,
+                         sleep_during_update=v.sleep_during_update)
+            if server is None:
+                engine.sync_weights(module, version=weight_version)
+            else:
+                engine.set_weight_version(weight_version)
+        except BaseException:
+            if server is not None:
+                server.stop()
+            raise
+        return engine
 
     # --- the rollout protocol ----------------------------------------------------------------
 
