@@ -4,6 +4,9 @@ then the report and the registration of the best policy.
 Each child is a `train` subflow run (its own task runs in the Prefect UI) and an MLflow child run
 (`mlflow.parentRunId` = the parent). The report is written from the children's run directories,
 logged on the parent under `report/`, and published as a Prefect markdown artifact.
+
+A group with `resume` reopens its folder and parent run; each child then runs through `run_child`,
+which skips a child that finished (its result.json) and resumes one that started.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from ada_core import metrics as K
+from ada_core.paths import runs_dir
+from flows import resume as resuming
 from flows import tracking
 from flows.params import RunSettings, TrainParams, flatten_dotted
 from flows.report import load_run, write_report
+from flows.runtime import run_stamp
 from flows.train import train
 
 
@@ -40,7 +46,43 @@ def child_params(settings: RunSettings, preset: str, seed: int, label: str, trac
 
 
 def run_child(params: TrainParams) -> dict[str, Any]:
+    params, done = plan_child(params)
+    if done is not None:
+        return done
     return train.with_options(flow_run_name=params.run_name)(params)
+
+
+def plan_child(params: TrainParams) -> tuple[TrainParams, dict[str, Any] | None]:
+    """A child of a resumed group: finished -> (params, its result), not rerun; started (its folder
+    exists) -> params with `resume` set to that folder; else unchanged params to run from scratch."""
+    out = Path(params.output_dir)
+    done = resuming.finished_result(out)
+    if done is not None:
+        get_run_logger().info("%s finished in an earlier attempt: skipped", params.run_name)
+        return params, done
+    if out.is_dir():
+        return params.model_copy(update={"resume": str(out)}), None
+    return params, None
+
+
+def group_tags(kind: str) -> dict[str, str]:
+    """The parent run's tags: its flow, and the process and Prefect flow run that own it (flows/resume.py)."""
+    from prefect.runtime import flow_run
+
+    return {"ada.flow": kind, resuming.FLOW_RUN: str(flow_run.get_id() or ""), **resuming.process_tags()}
+
+
+def group_folder(settings: RunSettings, kind: str, uri: str) -> tuple[Path, str | None]:
+    """(group folder, parent MLflow run to reopen): a new folder and None, or those of `settings.resume`,
+    whose dead parent run is marked KILLED first."""
+    resume = getattr(settings, "resume", None)
+    if not resume:
+        return runs_dir() / f"{kind}-{run_stamp()}", None
+    client = MlflowClient(uri)
+    target = resuming.resolve(resume, client, settings.experiment)
+    if target.run_id is not None:
+        resuming.take_over(client, target.run_id)
+    return target.run_dir, target.run_id
 
 
 def best_result(results: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -97,7 +139,7 @@ def finish_group(
 
 
 def log_group_params(client: MlflowClient, run_id: str, settings: RunSettings, **extra: Any) -> None:
-    params = {k: v for k, v in settings.model_dump().items() if k != "overrides"}
+    params = {k: v for k, v in settings.model_dump().items() if k not in ("overrides", "resume")}
     params["overrides"] = json.dumps(settings.overrides, sort_keys=True)
     params.update({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in extra.items()})
     tracking.log_params(client, run_id, params)
