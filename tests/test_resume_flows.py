@@ -23,6 +23,7 @@ from ada_core.trainer import read_metrics
 from flows import tracking
 from flows.params import CompareParams, TrainParams
 from flows.report import RUN_INFO
+from flows.resume import reap_dead_runs
 
 pytestmark = pytest.mark.slow
 
@@ -170,13 +171,20 @@ def test_a_resumed_compare_skips_the_finished_child_and_resumes_the_killed_one(r
     second_run = json.loads((second / RUN_INFO).read_text())["mlflow_run_id"]
     first_end = client.get_run(first_run).info.end_time
     assert not (second / "result.json").exists()
+    # What `make ui` does at start: the parent and the killed child are marked KILLED, their flow run Crashed.
+    reaped = reap_dead_runs(client)
+    assert second_run in reaped and len(reaped) == 2  # the child and the compare parent
+    killed = client.get_run(second_run)
+    assert killed.info.status == "KILLED" and flow_run_state(killed.data.tags["prefect.flow_run_id"]) == "CRASHED"
+    assert client.get_run(first_run).info.status == "FINISHED"
 
     summary = compare(CompareParams(**COMPARE, resume=str(group)))
     assert {c["variant"]: c["run_id"] for c in summary["children"]} == {"ada-balance": first_run, "grpo": second_run}
     assert (first / "result.json").stat().st_mtime_ns == first_result  # not rerun
     assert client.get_run(first_run).info.end_time == first_end
     assert client.get_run(second_run).info.status == "FINISHED"
-    assert client.get_run(summary["parent_run_id"]).info.status == "FINISHED"
+    parent = client.get_run(summary["parent_run_id"])
+    assert parent.info.run_id in reaped and parent.info.status == "FINISHED"
     assert_one_value_per_step(client, second_run, read_metrics(second))
     assert [r["step"] for r in read_metrics(second) if "time/step_s" in r] == [1, 2, 3, 4]
 
