@@ -58,10 +58,12 @@ def verify_checkpoint(folder: Path) -> str | None:
     """None when the checkpoint is whole, else why not, naming the file (`model.safetensors: sha256 ...`)."""
     if not (folder / COMPLETE).is_file():
         return "no COMPLETE marker (the save did not finish)"
+    if not (folder / MANIFEST).exists():
+        # Written before manifests existed: nothing to check against, so it is used as it is.
+        log.warning("checkpoint %s has no %s (an older save); its files cannot be checked", folder, MANIFEST)
+        return None
     try:
         entries = json.loads((folder / MANIFEST).read_text())["files"]
-    except FileNotFoundError:
-        return f"{MANIFEST} is missing"
     except (OSError, ValueError, KeyError, TypeError) as err:
         return f"{MANIFEST} cannot be read ({err})"
     for name, entry in entries.items():
