@@ -63,7 +63,7 @@ def _fresh_start(out: Path) -> None:
     which holds no metrics yet: rows are sent at checkpoints)."""
     import shutil
 
-    for name in (*PER_STEP_FILES, "config.yaml"):
+    for name in (*PER_STEP_FILES, "config.yaml", RUN_INFO):  # rewritten once set-up succeeds
         (out / name).unlink(missing_ok=True)
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
 
