@@ -8,6 +8,9 @@ files all match their manifest; each one it passes over is reported by name with
 (a flipped byte, a truncated file, a missing file). A flipped byte in `model.safetensors` loads
 without complaint and trains on NaNs, hence the hash rather than a size check.
 
+The per-step files a resume trims (`metrics.jsonl`, `generations.jsonl`) are read with
+`read_jsonl`, which drops the torn last line a kill can leave.
+
 Cost: one extra read of the checkpoint's bytes when saving and one when resuming
 (docs/BENCHMARKS.md, Reliability).
 """
@@ -20,6 +23,7 @@ import logging
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -126,3 +130,38 @@ def prune_checkpoints(run_dir: Path, keep_last: int, newest_good: Path) -> list[
     for path in removed:
         shutil.rmtree(path, ignore_errors=True)
     return removed
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-step jsonl files (metrics.jsonl, generations.jsonl) after a crash
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Rows of a jsonl file a killed process may have written: a torn last line is dropped (logged);
+    a bad line before the last is an error naming the file and line."""
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    rows = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if n == len(lines):
+                log.warning("%s: dropping a torn last line %d (%s)", path, n, err.msg)
+                continue
+            raise ValueError(f"{path}: line {n}: not valid JSON ({err.msg})") from None
+    return rows
+
+
+def trim_jsonl(source: Path, target: Path, step: int) -> None:
+    """Carry `source`'s rows up to `step` into `target` (the same file when resuming in place), dropping
+    rows logged after the checkpoint and a torn last line; written to a temp file, then renamed."""
+    if not source.exists():
+        return
+    rows = [row for row in read_jsonl(source) if row["step"] <= step]
+    tmp = target.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    tmp.replace(target)

@@ -33,7 +33,9 @@ import yaml
 from tqdm.auto import tqdm
 
 from ada_core import metrics as K
-from ada_core.checkpoints import COMPLETE, CheckpointChoice, latest_good_checkpoint, mark_complete, prune_checkpoints
+from ada_core.checkpoints import (
+    COMPLETE, CheckpointChoice, latest_good_checkpoint, mark_complete, prune_checkpoints, read_jsonl, trim_jsonl,
+)
 from ada_core.config import TrainConfig
 from ada_core.data import DatasetError, load_prompts, split_prompts, warm_start_prompts
 from ada_core.engines.deepspeed_engine import DeepSpeedUpdateEngine
@@ -377,43 +379,12 @@ def train(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
 PER_STEP_FILES = ("metrics.jsonl", "generations.jsonl")  # rows keyed by "step"; trimmed on resume
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Rows of a jsonl file a killed process may have written: a torn last line is dropped (logged);
-    a bad line before the last is an error naming the file and line."""
-    if not path.exists():
-        return []
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    rows = []
-    for n, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            if n == len(lines):
-                log.warning("%s: dropping a torn last line %d (%s)", path, n, err.msg)
-                continue
-            raise ValueError(f"{path}: line {n}: not valid JSON ({err.msg})") from None
-    return rows
-
-
 def read_metrics(run_dir: str | Path) -> list[dict[str, float]]:
     return read_jsonl(Path(run_dir) / "metrics.jsonl")
 
 
 def _read_generations(run_dir: Path, step: int) -> list[dict[str, Any]]:
     return [r for r in read_jsonl(run_dir / "generations.jsonl") if r["step"] == step]
-
-
-def trim_jsonl(source: Path, target: Path, step: int) -> None:
-    """Carry `source`'s rows up to `step` into `target` (the same file when resuming in place), dropping
-    rows logged after the checkpoint and a torn last line; written to a temp file, then renamed."""
-    if not source.exists():
-        return
-    rows = [row for row in read_jsonl(source) if row["step"] <= step]
-    tmp = target.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    tmp.replace(target)
 
 
 def _append_jsonl(path: Path, row: dict[str, Any]) -> None:

@@ -189,27 +189,29 @@ def test_a_resumed_compare_skips_the_finished_child_and_resumes_the_killed_one(r
     assert [r["step"] for r in read_metrics(second) if "time/step_s" in r] == [1, 2, 3, 4]
 
 
-def test_a_flow_level_retry_resumes_from_the_last_checkpoint(resume_env, tmp_path, monkeypatch):
-    """A failure after the step-2 checkpoint; Prefect retries the flow run, which finds its own MLflow run
-    (tag prefect.flow_run_id) and resumes it instead of starting over."""
+@pytest.mark.parametrize("fail_at, resumed_from", [(3, "step_000002"), (1, None)])
+def test_a_flow_level_retry_resumes_from_the_last_checkpoint(resume_env, tmp_path, monkeypatch, fail_at,
+                                                             resumed_from):
+    """A failure after the step-2 checkpoint (or before any); Prefect retries the flow run, which finds its
+    own MLflow run (tag prefect.flow_run_id) and resumes it (or starts it over, in the same MLflow run)."""
     import ada_core.trainer as T
     from flows.train import train
 
     append, failed = T._append_jsonl, []
 
-    def fail_once_at_step_3(path, row):
+    def fail_once(path, row):
         append(path, row)
-        if row["step"] == 3 and "time/step_s" in row and not failed:
+        if row["step"] == fail_at and "time/step_s" in row and not failed:
             failed.append(True)
-            raise RuntimeError("injected failure after step 3")
+            raise RuntimeError(f"injected failure after step {fail_at}")
 
-    monkeypatch.setattr(T, "_append_jsonl", fail_once_at_step_3)
+    monkeypatch.setattr(T, "_append_jsonl", fail_once)
     out = tmp_path / "retried"
     result = train.with_options(retries=1, retry_delay_seconds=0)(
         TrainParams(**{**TRAIN, "steps": 4}, output_dir=str(out)))
     client = resume_env
     run = client.get_run(result["run_id"])
-    assert failed and run.info.status == "FINISHED" and run.data.tags["ada.resumed_from"] == "step_000002"
+    assert failed and run.info.status == "FINISHED" and run.data.tags.get("ada.resumed_from") == resumed_from
     rows = read_metrics(out)
     assert [r["step"] for r in rows if "time/step_s" in r] == [1, 2, 3, 4]
     assert_one_value_per_step(client, result["run_id"], rows)
