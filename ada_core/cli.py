@@ -60,8 +60,13 @@ def train(
     profile: str = typer.Option("tiny", help="Scale profile: tiny, smollm2-135m, paper."),
     model: str | None = typer.Option(None, help="tiny, smollm2-135m, or a local HF model folder (default: the profile's)."),
     steps: int | None = typer.Option(None, min=1, help="Training steps (default: the profile's)."),
-    output_dir: Path | None = typer.Option(None, help="Run directory (default: $ADA_HOME/runs/<preset>-seed<seed>)."),
+    output_dir: Path | None = typer.Option(
+        None, help="Run directory (default: the --resume folder, else $ADA_HOME/runs/<preset>-seed<seed>). "
+                   "A folder that already holds a run is refused unless it is the one resumed or --overwrite is given."),
     resume: Path | None = typer.Option(None, help="A run directory to continue from its last complete checkpoint."),
+    overwrite: bool = typer.Option(
+        False, help="Start a new run in an --output-dir that holds one, moving the old run aside to "
+                    "<dir>.replaced-<time> (never deleting it)."),
     config: Path | None = typer.Option(None, help="YAML file of config overrides."),
     set_: list[str] = typer.Option([], "--set", help="Override one field, e.g. --set sampler.M=4 (repeatable)."),
     seed: int | None = typer.Option(None, help="Seed (default 0)."),
@@ -72,6 +77,7 @@ def train(
     from ada_core.config import ConfigError, build_config, deep_merge, parse_set
     from ada_core.engines.vllm_server import check_engine_config
     from ada_core.paths import runs_dir
+    from ada_core.run_dir import RunDirError, check_run_dir
     from ada_core.trainer import train as run_training
 
     overrides: dict = {}
@@ -88,8 +94,12 @@ def train(
         check_engine_config(cfg)
     except (ConfigError, ValueError) as err:
         raise typer.BadParameter(str(err)) from None
-    out = output_dir or runs_dir() / f"{preset}-seed{cfg.seed}"
-    last = run_training(cfg, out, resume=resume)
+    out = output_dir or resume or runs_dir() / f"{preset}-seed{cfg.seed}"
+    try:
+        check_run_dir(out, resume=resume, overwrite=overwrite)  # before any model or data is built
+    except RunDirError as err:
+        raise typer.BadParameter(str(err), param_hint="--output-dir") from None
+    last = run_training(cfg, out, resume=resume, overwrite=overwrite)
     typer.echo(json.dumps({k: round(v, 4) for k, v in sorted(last.items())}, indent=1))
     typer.echo(f"run directory: {out}")
 

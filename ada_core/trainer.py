@@ -37,6 +37,7 @@ from ada_core.models import encode_prompts, load_policy, resolve_model, sft_warm
 from ada_core.protocols import PromptSource, RolloutEngine, SamplingParams
 from ada_core.records import Prompt, RolloutBatch
 from ada_core.rewards import MathVerifier
+from ada_core.run_dir import claim_run_dir
 from ada_core.sampling import make_sampler
 
 log = logging.getLogger(__name__)
@@ -99,14 +100,20 @@ class Callbacks:
     on_checkpoint: Callable[[int, Path], None] | None = None
 
 
-def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None = None) -> RunState:
-    """Build models, data and engines; with `resume`, restore the last complete checkpoint of that run."""
+def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None = None,
+          overwrite: bool = False) -> RunState:
+    """Build models, data and engines; with `resume`, restore the last complete checkpoint of that run.
+
+    `output_dir` must not hold another run (`ada_core.run_dir`): resume it, or `overwrite` to move the
+    old run aside first."""
     output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    _seed_everything(config.seed)
     checkpoint = latest_checkpoint(Path(resume)) if resume else None
     if resume and checkpoint is None:
         raise FileNotFoundError(f"--resume {resume}: no complete checkpoint under {Path(resume) / 'checkpoints'}")
+    moved = claim_run_dir(output_dir, resume=resume, overwrite=overwrite)
+    if moved is not None:
+        log.warning("moved the run that was in %s aside to %s", output_dir, moved)
+    _seed_everything(config.seed)
 
     prompts = load_prompts(config.data.dataset, size=config.data.train_size + config.data.eval_size, seed=config.seed)
     train_prompts, eval_prompts = split_prompts(prompts, eval_size=config.data.eval_size, seed=config.seed)
@@ -329,9 +336,10 @@ def _run_eval(state: RunState, steps: StepFunctions, callbacks: Callbacks, metri
 
 
 def train(config: TrainConfig, output_dir: str | Path, resume: str | Path | None = None,
-          steps: StepFunctions = DEFAULT_STEPS, callbacks: Callbacks | None = None) -> dict[str, float]:
+          steps: StepFunctions = DEFAULT_STEPS, callbacks: Callbacks | None = None,
+          overwrite: bool = False) -> dict[str, float]:
     """Set up, run every step, clean up. Returns the final step's metrics."""
-    state = setup(config, output_dir, resume=resume)
+    state = setup(config, output_dir, resume=resume, overwrite=overwrite)
     try:
         return run_steps(state, steps, callbacks)
     finally:

@@ -19,6 +19,7 @@ from prefect.runtime import flow_run
 
 from ada_core.config import TrainConfig
 from ada_core.paths import runs_dir
+from ada_core.run_dir import check_run_dir
 from ada_core.trainer import latest_checkpoint, run_steps, setup
 from flows import tracking
 from flows.params import TrainParams
@@ -55,8 +56,9 @@ def train(params: TrainParams = TrainParams()) -> dict[str, Any]:
     variant = params.variant or params.preset
     label = params.run_name or f"{variant}-s{params.seed}"
     uri = tracking.resolve_tracking_uri(params.tracking_uri)
-    run_config, provenance = prepare_data(config, params.curate, params.curation_seed)
     out = Path(params.output_dir) if params.output_dir else runs_dir() / f"{label}-{run_stamp()}"
+    check_run_dir(out, overwrite=params.overwrite)  # before curation and before an MLflow run is opened
+    run_config, provenance = prepare_data(config, params.curate, params.curation_seed)
     tags = {"ada.flow": "train", "ada.variant": variant, "ada.preset": params.preset, "ada.seed": str(params.seed),
             "prefect.flow_run_id": str(flow_run.get_id() or "")}
 
@@ -67,7 +69,7 @@ def train(params: TrainParams = TrainParams()) -> dict[str, Any]:
             config, variant=variant, dataset_digest=provenance["dataset_hash"],
             extra={**extra, "preset": params.preset, "engine": params.engine, "run_dir": str(out)},
         ))
-        state = setup(run_config, out)
+        state = setup(run_config, out, overwrite=params.overwrite)
         run_logger = tracking.RunLogger(client, run_id)
         try:
             tracking.log_params(client, run_id, {"num_params": state.num_params})
