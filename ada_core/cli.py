@@ -64,8 +64,13 @@ def train(
     profile: str = typer.Option("tiny", help="Scale profile: tiny, smollm2-135m, paper."),
     model: str | None = typer.Option(None, help="tiny, smollm2-135m, or a local HF model folder (default: the profile's)."),
     steps: int | None = typer.Option(None, min=1, help="Training steps (default: the profile's)."),
-    output_dir: Path | None = typer.Option(None, help="Run directory (default: $ADA_HOME/runs/<preset>-seed<seed>)."),
+    output_dir: Path | None = typer.Option(
+        None, help="Run directory (default: the --resume folder, else $ADA_HOME/runs/<preset>-seed<seed>). "
+                   "A folder that already holds a run is refused unless it is the one resumed or --overwrite is given."),
     resume: Path | None = typer.Option(None, help="A run directory to continue from its last complete checkpoint."),
+    overwrite: bool = typer.Option(
+        False, help="Start a new run in an --output-dir that holds one, moving the old run aside to "
+                    "<dir>.replaced-<time> (never deleting it)."),
     config: Path | None = typer.Option(None, help="YAML file of config overrides."),
     set_: list[str] = typer.Option([], "--set", help="Override one field, e.g. --set sampler.M=4 (repeatable)."),
     seed: int | None = typer.Option(None, help="Seed (default 0)."),
@@ -76,6 +81,7 @@ def train(
     from ada_core.config import InputError, build_config, deep_merge, parse_set
     from ada_core.engines.vllm_server import check_engine_config
     from ada_core.paths import runs_dir
+    from ada_core.run_dir import check_run_dir
     from ada_core.trainer import train as run_training
 
     overrides: dict = {}
@@ -94,9 +100,10 @@ def train(
         cfg = build_config(preset, profile, config_file=config, overrides=overrides)
         check_engine_config(cfg)
         # Not created yet: a run that fails on its input leaves nothing behind under ADA_HOME.
-        out = output_dir or runs_dir(create=False) / f"{preset}-seed{cfg.seed}"
-        last = run_training(cfg, out, resume=resume)
-    except InputError as err:
+        out = output_dir or resume or runs_dir(create=False) / f"{preset}-seed{cfg.seed}"
+        check_run_dir(out, resume=resume, overwrite=overwrite)  # before any model or data is built
+        last = run_training(cfg, out, resume=resume, overwrite=overwrite)
+    except InputError as err:  # config, YAML, dataset and run-folder errors alike
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(INPUT_ERROR_EXIT) from None
     typer.echo(json.dumps({k: round(v, 4) for k, v in sorted(last.items())}, indent=1))

@@ -44,6 +44,7 @@ from ada_core.models import encode_prompts, load_policy, resolve_model, sft_warm
 from ada_core.protocols import PromptSource, RolloutEngine, SamplingParams
 from ada_core.records import Prompt, RolloutBatch
 from ada_core.rewards import MathVerifier
+from ada_core.run_dir import check_run_dir, claim_run_dir
 from ada_core.sampling import make_sampler
 
 log = logging.getLogger(__name__)
@@ -108,13 +109,15 @@ class Callbacks:
     on_checkpoint: Callable[[int, Path], None] | None = None
 
 
-def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None = None) -> RunState:
+def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None = None,
+          overwrite: bool = False) -> RunState:
     """Build models, data and engines; with `resume`, restore the newest good checkpoint of that run.
 
-    Bad input (dataset, config) raises an `InputError` before anything is written to `output_dir`.
+    `output_dir` must not hold another run (`ada_core.run_dir`): resume it, or `overwrite` to move the
+    old run aside first. Bad input (dataset, config) raises an `InputError` before the folder is
+    claimed, so nothing is written or moved.
     """
     output_dir = Path(output_dir)
-    _seed_everything(config.seed)
     choice = latest_good_checkpoint(Path(resume)) if resume else None
     checkpoint = choice.path if choice is not None else None
     if resume and checkpoint is None:
@@ -122,6 +125,8 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
         raise FileNotFoundError(f"--resume {resume}: no complete checkpoint under {Path(resume) / 'checkpoints'}{detail}")
     if choice is not None and choice.rejected:
         log.warning("--resume %s: %s", resume, choice.describe())
+    check_run_dir(output_dir, resume=resume, overwrite=overwrite)  # refuse early; claimed once inputs are read
+    _seed_everything(config.seed)
 
     prompts = load_prompts(config.data.dataset, size=config.data.train_size + config.data.eval_size, seed=config.seed)
     train_prompts, eval_prompts = split_prompts(prompts, eval_size=config.data.eval_size, seed=config.seed)
@@ -135,7 +140,9 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
             model_dir = sft_warm_start(model_dir, sft, steps=config.sft_steps, seed=config.seed)
     model, tokenizer = load_policy(model_dir)
     train_prompts, eval_prompts, skipped = _encode_within_limit(tokenizer, train_prompts, eval_prompts, config)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    moved = claim_run_dir(output_dir, resume=resume, overwrite=overwrite)
+    if moved is not None:
+        log.warning("moved the run that was in %s aside to %s", output_dir, moved)
 
     total_optimizer_steps = config.steps * config.optim.mini_batches * config.optim.ppo_epochs
     updater = DeepSpeedUpdateEngine(
@@ -367,9 +374,10 @@ def _run_eval(state: RunState, steps: StepFunctions, callbacks: Callbacks, metri
 
 
 def train(config: TrainConfig, output_dir: str | Path, resume: str | Path | None = None,
-          steps: StepFunctions = DEFAULT_STEPS, callbacks: Callbacks | None = None) -> dict[str, float]:
+          steps: StepFunctions = DEFAULT_STEPS, callbacks: Callbacks | None = None,
+          overwrite: bool = False) -> dict[str, float]:
     """Set up, run every step, clean up. Returns the final step's metrics."""
-    state = setup(config, output_dir, resume=resume)
+    state = setup(config, output_dir, resume=resume, overwrite=overwrite)
     try:
         return run_steps(state, steps, callbacks)
     finally:

@@ -94,7 +94,14 @@ class TrainParams(RunSettings):
         None, description="Register the final checkpoint in the Model Registry under this name."
     )
     alias: str = Field("candidate", min_length=1, description="Alias for the registered version ('latest' is reserved).")
-    output_dir: str | None = Field(None, description="Run directory; empty = $ADA_HOME/runs/<run name>-<time>.")
+    output_dir: str | None = Field(
+        None, description="Run directory; empty = $ADA_HOME/runs/<run name>-<time>. A folder that already holds a "
+                          "run is refused unless overwrite is set."
+    )
+    overwrite: bool = Field(
+        False, description="Start afresh in an output_dir that holds a run, moving the old run aside to "
+                           "<dir>.replaced-<time> (it is never deleted)."
+    )
     resume: str | None = Field(
         None, description="Continue a crashed or stopped run: its run folder or MLflow run id. Same folder, same "
         "MLflow run, from its newest good checkpoint (output_dir is ignored). Give the run's other values unchanged.",

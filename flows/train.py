@@ -23,6 +23,7 @@ from prefect.runtime import flow_run
 
 from ada_core.config import TrainConfig
 from ada_core.paths import runs_dir
+from ada_core.run_dir import check_run_dir
 from ada_core.trainer import PER_STEP_FILES, latest_checkpoint, read_metrics, run_steps, setup
 from flows import resume as resuming
 from flows import tracking
@@ -82,13 +83,14 @@ def train(params: TrainParams = TrainParams()) -> dict[str, Any]:
     uri = tracking.resolve_tracking_uri(params.tracking_uri)
     if not params.curate:
         check_inputs(config)
-    run_config, provenance = prepare_data(config, params.curate, params.curation_seed)
     flow_run_id = str(flow_run.get_id() or "")
     target = _resume_target(params, uri, flow_run_id)
     if target is not None:
         out = target.run_dir
     else:
         out = Path(params.output_dir) if params.output_dir else runs_dir() / f"{label}-{run_stamp()}"
+        check_run_dir(out, overwrite=params.overwrite)  # before curation and before an MLflow run is opened
+    run_config, provenance = prepare_data(config, params.curate, params.curation_seed)
     tags = {"ada.flow": "train", "ada.variant": variant, "ada.preset": params.preset, "ada.seed": str(params.seed),
             resuming.FLOW_RUN: flow_run_id, **resuming.process_tags()}
 
@@ -101,7 +103,7 @@ def train(params: TrainParams = TrainParams()) -> dict[str, Any]:
                 config, variant=variant, dataset_digest=provenance["dataset_hash"],
                 extra={**extra, "preset": params.preset, "engine": params.engine, "run_dir": str(out)},
             ))
-        state = _setup(run_config, out, target, client, run_id, logger)
+        state = _setup(run_config, out, target, client, run_id, logger, overwrite=params.overwrite)
         run_logger = tracking.RunLogger(client, run_id)
         try:
             tracking.log_params(client, run_id, {"num_params": state.num_params})
@@ -150,10 +152,10 @@ def _resume_target(params: TrainParams, uri: str, flow_run_id: str) -> resuming.
     return target
 
 
-def _setup(run_config: TrainConfig, out: Path, target, client, run_id: str, logger):
+def _setup(run_config: TrainConfig, out: Path, target, client, run_id: str, logger, overwrite: bool = False):
     """`setup`, resuming from the newest good checkpoint of `target`'s folder when it has one."""
     if target is None:
-        return setup(run_config, out)
+        return setup(run_config, out, overwrite=overwrite)
     try:
         state = setup(run_config, out, resume=out)
     except FileNotFoundError as err:
