@@ -130,6 +130,15 @@ def flow_run_state(flow_run_id: str) -> str:
         return client.read_flow_run(flow_run_id).state.type.value
 
 
+def running_task_runs(flow_run_id: str) -> list[str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return [r.name for r in runs if r.state is not None and r.state.is_running()]
+
+
 def test_a_killed_train_flow_resumes_into_the_same_mlflow_run(resume_env, tmp_path):
     from flows.train import train
 
@@ -150,6 +159,7 @@ def test_a_killed_train_flow_resumes_into_the_same_mlflow_run(resume_env, tmp_pa
     assert after.info.status == "FINISHED" and after.data.tags["ada.resumed_from"] == "step_000004"
     assert after.data.tags["ada.killed_reason"]  # marked KILLED before the resume reopened it
     assert flow_run_state(before.data.tags["prefect.flow_run_id"]) == "CRASHED"
+    assert running_task_runs(before.data.tags["prefect.flow_run_id"]) == []  # update-step-6 was left Running
     rows = read_metrics(killed)
     assert without_timing(rows) == without_timing(read_metrics(reference["run_dir"]))
     assert_one_value_per_step(client, run_id, rows)
