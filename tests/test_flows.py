@@ -40,7 +40,9 @@ HEADLINE = ["N", "M", "n", "variant", "sampler", "advantage", "model", "dataset_
 @pytest.fixture(scope="module")
 def flows_env(prefect_harness, ada_home):
     patch = pytest.MonkeyPatch()
-    patch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "1")  # short runs still get samples
+    # Short runs still get samples: the monitor publishes only after its first interval, and a warm
+    # 2-step child run can end within a second.
+    patch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
     patch.setenv("TQDM_DISABLE", "1")
     yield MlflowClient(tracking.default_tracking_uri())
     patch.undo()
