@@ -18,7 +18,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -93,11 +93,13 @@ def pass_rates(
     k: int,
     positive_threshold: float = 0.7,
     chunk_prompts: int = 64,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, float]:
     """Fraction of k samples per prompt whose reward exceeds `positive_threshold`.
 
     Prompts go to the engine `chunk_prompts` at a time, chunk c with seed `sampling.seed + c`,
-    so a long curation shows progress and stays reproducible.
+    so a long curation shows progress and stays reproducible. `progress(done, total)` is called
+    with the prompts scored so far after each chunk (the flows turn it into a Prefect artifact).
     """
     from tqdm.auto import tqdm
 
@@ -115,6 +117,8 @@ def pass_rates(
         for i, p in enumerate(chunk):
             rewards = [v.reward for v in verdicts[i * k : (i + 1) * k]]
             rates[p.id] = sum(r > positive_threshold for r in rewards) / k
+        if progress is not None:
+            progress(min(start + chunk_prompts, len(prompts)), len(prompts))
     return rates
 
 
@@ -127,6 +131,7 @@ def curate(
     ceiling: float = 0.3125,
     seed: int = 0,
     positive_threshold: float = 0.7,
+    progress: Callable[[int, int], None] | None = None,
 ) -> CurationResult:
     """Dedup, drop unparseable answers, then keep prompts with 0 < pass rate <= ceiling.
 
@@ -147,7 +152,7 @@ def curate(
     stages.append(stage)
     kept, stage = verifiable(kept, verifier)
     stages.append(stage)
-    rates = pass_rates(kept, engine, verifier, replace(sampling, seed=seed), k, positive_threshold)
+    rates = pass_rates(kept, engine, verifier, replace(sampling, seed=seed), k, positive_threshold, progress=progress)
     never = [p.id for p in kept if rates[p.id] == 0.0]
     easy = [p.id for p in kept if rates[p.id] > ceiling]
     survivors = []

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -285,6 +286,17 @@ class Report:
     markdown: str
     files: list[Path]
     directory: Path
+    summary: str = ""
+    """The markdown before the plots (title, note, table), for callers that place the plots themselves."""
+
+    def plots_markdown(self, url_of: Callable[[str], str | None] = lambda name: name) -> str:
+        """Each PNG as a markdown image at `url_of(file name)` (default: the name, relative to report.md)."""
+        lines = []
+        for f in self.files:
+            if f.suffix == ".png":
+                url = url_of(f.name)
+                lines.append(f"![{f.stem}]({url})" if url else f"`{f.name}`")
+        return "\n\n".join(lines)
 
 
 def write_report(runs: list[RunCurves], out_dir: str | Path, title: str = "Comparison report") -> Report:
@@ -298,7 +310,7 @@ def write_report(runs: list[RunCurves], out_dir: str | Path, title: str = "Compa
     files.append(plot_per_step(runs, K.BUDGET_GENERATED_SAMPLES, "generated samples per step", out, "samples_per_step"))
     files.append(plot_time_split(runs, out))
     params = sorted({r.num_params for r in runs if r.num_params})
-    markdown = "\n".join([
+    summary = "\n".join([
         f"# {title}",
         "",
         "Final metrics, mean ± std over seeds. eval/* are from the last evaluation; FLOPs = 2·params per "
@@ -306,13 +318,12 @@ def write_report(runs: list[RunCurves], out_dir: str | Path, title: str = "Compa
         + (f" (params = {', '.join(f'{p:,}' for p in params)})." if params else "."),
         "",
         summary_table(runs),
-        "",
-        "Plots: " + ", ".join(f"`{f.name}`" for f in files),
-        "",
     ])
-    (out / "report.md").write_text(markdown)
+    report = Report(markdown="", files=files, directory=out, summary=summary)
+    report.markdown = f"{summary}\n\n## Plots\n\n{report.plots_markdown()}\n"
+    (out / "report.md").write_text(report.markdown)
     files.append(out / "report.md")
-    return Report(markdown=markdown, files=files, directory=out)
+    return report
 
 
 def main(argv: list[str] | None = None) -> None:

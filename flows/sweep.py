@@ -31,7 +31,10 @@ def sweep(params: SweepParams = SweepParams()) -> dict[str, Any]:
     group = f"sweep-{run_stamp()}"
     group_dir = runs_dir() / group
 
-    with tracking.tracked_run(uri, params.experiment, group, tags={"ada.flow": "sweep"}) as (client, parent_id):
+    description = (f"sweep: {len(grid)} points x {len(params.seeds)} seeds over N={params.N}, M={params.M}, "
+                   f"n={params.n}; the children are the nested runs, the report is under `report/`.")
+    with tracking.tracked_run(uri, params.experiment, group, tags={"ada.flow": "sweep"},
+                              description=description) as (client, parent_id):
         logger.info("sweep %s: %d points x %d seeds; MLflow parent run %s", group, len(grid), len(params.seeds),
                     parent_id)
         log_group_params(client, parent_id, params, variants=params.variants, N=params.N, M=params.M, n=params.n,

@@ -12,12 +12,12 @@ file from several processes at once.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
 import time
 import urllib.request
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,9 +28,12 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 from mlflow.exceptions import MlflowException
 
-from ada_core.config import TrainConfig, flat_params
+from ada_core import metrics as K
+from ada_core.budget import compute_flops
+from ada_core.config import SamplerConfig, TrainConfig, flat_params
 from ada_core.paths import ada_home
 from ada_core.trainer import Callbacks
+from flows import links
 
 REGISTERED_MODEL = "ada-policy"
 CHAMPION_ALIAS = "champion"
@@ -99,22 +102,37 @@ def use_tracking_uri(uri: str) -> None:
         os.environ["MLFLOW_TRACKING_URI"] = before
 
 
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # the MLflow 3 UI's switch between its GenAI and training views
+EXPERIMENT_KIND = "custom_model_development"
+EXPERIMENT_NOTE = (
+    "Reinforce-Ada RL post-training runs. Compare held-out accuracy against the budget: chart "
+    "`vs_samples/eval_avg_at_k` (x = cumulative generated samples) or `vs_mflops/eval_avg_at_k` "
+    "(x = estimated compute in MFLOPs), one line per run. compare and sweep runs hold their children."
+)
+
+
 def ensure_experiment(client: MlflowClient, name: str) -> str:
-    """The experiment's id, creating it when missing.
+    """The experiment's id, creating it when missing; tagged as a model-training experiment.
 
     A database store (SQLite, PostgreSQL) keeps artifacts in $ADA_HOME/mlartifacts/<name>; an HTTP
-    server decides for itself (the `make ui` server proxies the same directory).
+    server decides for itself (the `make ui` server proxies the same directory). Without the kind
+    tag MLflow 3 opens an experiment in its GenAI view (traces, latency, a "Detect Issues" pop-up).
     """
     experiment = client.get_experiment_by_name(name)
-    if experiment is not None:
-        return experiment.experiment_id
-    location = None
-    if not client.tracking_uri.startswith(("http://", "https://")):
-        location = (artifact_root() / name).as_uri()
-    try:
-        return client.create_experiment(name, artifact_location=location)
-    except MlflowException:  # another process created it between our two calls
-        return client.get_experiment_by_name(name).experiment_id
+    if experiment is None:
+        location = None
+        if not client.tracking_uri.startswith(("http://", "https://")):
+            location = (artifact_root() / name).as_uri()
+        try:
+            client.create_experiment(name, artifact_location=location)
+        except MlflowException:  # another process created it between our two calls
+            pass
+        experiment = client.get_experiment_by_name(name)
+    if experiment.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
+        client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    if links.NOTE_TAG not in experiment.tags:
+        client.set_experiment_tag(experiment.experiment_id, links.NOTE_TAG, EXPERIMENT_NOTE)
+    return experiment.experiment_id
 
 
 @contextmanager
@@ -124,16 +142,23 @@ def tracked_run(
     run_name: str,
     parent_run_id: str | None = None,
     tags: dict[str, str] | None = None,
+    description: str | None = None,
 ) -> Iterator[tuple[MlflowClient, str]]:
     """Start an MLflow run (child of `parent_run_id` if given) with system metrics; yield (client, run_id).
 
     The run ends FINISHED, or FAILED when the body raises. Logging goes through the returned client
     with an explicit run id, so it does not depend on which thread holds MLflow's active-run stack.
+    Inside a Prefect flow run, the run is tagged with the flow run's id and UI URL, and its
+    Description (`description`, default the run name) links to it; Prefect's log and artifacts
+    get the run's MLflow URL in turn (flows/links.py).
     """
     tracking_uri = with_postgres_driver(tracking_uri)
     use_tracking_uri(tracking_uri)
     client = MlflowClient(tracking_uri)
     experiment_id = ensure_experiment(client, experiment)
+    flow = (tags or {}).get("ada.flow", "run")
+    tags = {**links.run_link_tags(description or run_name),
+            "mlflow.source.name": f"flows/{flow}.py", "mlflow.source.type": "JOB", **(tags or {})}
     with mlflow.start_run(
         experiment_id=experiment_id,
         run_name=run_name,
@@ -142,6 +167,9 @@ def tracked_run(
         tags=tags,
         log_system_metrics=True,
     ) as run:
+        if links.prefect_flow_run()[0]:
+            links.announce_run(tracking_uri, experiment_id, run.info.run_id, run_name,
+                               "child" if parent_run_id else flow)
         yield client, run.info.run_id
 
 
@@ -150,24 +178,39 @@ def tracked_run(
 
 
 def dataset_hash(dataset: str) -> str:
-    """sha256 (first 16 hex) of a dataset file's bytes, or of the generator name for built-ins."""
-    path = Path(dataset)
-    h = hashlib.sha256()
-    if path.is_file():
-        with path.open("rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    else:
-        h.update(dataset.encode())
-    return h.hexdigest()[:16]
+    """sha256 (first 16 hex) of a dataset file's bytes, or of the generator name (`ada_core.data.data_digest`)."""
+    from ada_core.data import data_digest
+
+    return data_digest(dataset)
+
+
+NOT_APPLICABLE = "n/a"
+
+
+def unused_sampler_fields(sampler: str) -> set[str]:
+    """SamplerConfig fields the named sampler ignores.
+
+    SamplerConfig documents each sampler-specific field with a prefix, `ada:` or `dapo:` (the
+    `dynamic_filter` sampler); the rest apply to every sampler.
+    """
+    owner = {"ada": "ada:", "dynamic_filter": "dapo:"}
+    mine = owner.get(sampler)
+    return {name for name, field in SamplerConfig.model_fields.items()
+            if any((field.description or "").startswith(prefix) for prefix in owner.values() if prefix != mine)}
 
 
 def run_params(config: TrainConfig, variant: str, dataset_digest: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The headline params (N, M, n, variant, sampler, advantage, model, dataset_hash, seed) + the flat config."""
+    """The headline params (N, M, n, variant, sampler, advantage, model, dataset_hash, seed) + the flat config.
+
+    Params the sampler does not use (N and M for GRPO's `fixed`, for example) are logged as `n/a`,
+    headline and `sampler.*` alike, so the runs table does not suggest GRPO ran 4 rounds of 8.
+    """
     params: dict[str, Any] = flat_params(config)
+    unused = unused_sampler_fields(config.sampler.name)
+    params.update({f"sampler.{name}": NOT_APPLICABLE for name in unused if f"sampler.{name}" in params})
     params.update({
-        "N": config.sampler.N,
-        "M": config.sampler.M,
+        "N": NOT_APPLICABLE if "N" in unused else config.sampler.N,
+        "M": NOT_APPLICABLE if "M" in unused else config.sampler.M,
         "n": config.sampler.n,
         "variant": variant,
         "sampler": config.sampler.name,
@@ -262,6 +305,95 @@ class RunLogger:
 
     def callbacks(self) -> Callbacks:
         return Callbacks(on_step=self.on_step, on_eval=self.on_eval, on_checkpoint=self.on_checkpoint)
+
+
+# Held-out accuracy and reward against the budget, as MLflow series whose `step` is the budget, so
+# MLflow's own line chart (x = Step) shows one line per run with a point per evaluation.
+VS_SAMPLES = "vs_samples"  # step = cumulative generated samples
+VS_MFLOPS = "vs_mflops"  # step = estimated compute in MFLOPs (1e6 FLOPs: int64 steps hold 9e24 FLOPs)
+BUDGET_SERIES = {K.EVAL_AVG_AT_K: "eval_avg_at_k", K.EVAL_PASS_AT_K: "eval_pass_at_k", K.REWARD_MEAN: "reward_mean"}
+
+
+class BudgetAxes:
+    """Callbacks that log `vs_samples/<metric>` and `vs_mflops/<metric>` for accuracy and reward.
+
+    `totals` is the run's live cumulative counters (`RunState.totals`), read when a metric arrives,
+    so the step-0 evaluation sits at 0 samples and a resumed run continues from its checkpoint.
+    """
+
+    def __init__(self, client: MlflowClient, run_id: str, totals: dict[str, float], num_params: int):
+        self.client, self.run_id, self.totals, self.num_params = client, run_id, totals, num_params
+        self._pending: list[Any] = []
+
+    def steps(self) -> dict[str, int]:
+        samples = int(self.totals.get(K.BUDGET_GENERATED_SAMPLES_CUM, 0.0))
+        flops = compute_flops(self.num_params, self.totals.get(K.BUDGET_GENERATED_TOKENS_CUM, 0.0),
+                              self.totals.get(K.BUDGET_TRAINED_TOKENS_CUM, 0.0),
+                              self.totals.get(K.BUDGET_LOGPROB_TOKENS_CUM, 0.0))
+        return {VS_SAMPLES: samples, VS_MFLOPS: int(round(flops / 1e6))}
+
+    def _log(self, metrics: dict[str, float]) -> None:
+        now = int(time.time() * 1000)
+        items = [Metric(f"{axis}/{name}", float(metrics[key]), now, step)
+                 for axis, step in self.steps().items() for key, name in BUDGET_SERIES.items() if key in metrics]
+        if items:  # through MLflow's async queue, like RunLogger: a synchronous batch costs ~30 ms on SQLite
+            operation = self.client.log_batch(self.run_id, metrics=items, synchronous=False)
+            if operation is not None:
+                self._pending.append(operation)
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        for operation in pending:
+            operation.wait()
+
+    def on_step(self, step: int, metrics: dict[str, float]) -> None:
+        self._log({K.REWARD_MEAN: metrics[K.REWARD_MEAN]} if K.REWARD_MEAN in metrics else {})
+
+    def on_eval(self, step: int, metrics: dict[str, float], generations: list[dict[str, Any]]) -> None:
+        self._log(metrics)
+
+    def callbacks(self) -> Callbacks:
+        return Callbacks(on_step=self.on_step, on_eval=self.on_eval)
+
+
+def log_dataset_inputs(client: MlflowClient, run_id: str, source: str, splits: dict[str, list]) -> dict[str, str]:
+    """Log each split (context -> prompts) as an MLflow dataset input; returns context -> digest.
+
+    The Dataset column of the runs table then names what the run trained and evaluated on. Each
+    input is the split as a Hugging Face `datasets.Dataset` (schema: id, text, answer, source,
+    difficulty), its digest `ada_core.data.prompts_digest` and, as source, the file or generator
+    it was drawn from, with that source's digest (`data_digest`, what the curation cache keys on)
+    as a tag.
+    """
+    import mlflow.data
+    from mlflow.data.code_dataset_source import CodeDatasetSource
+    from mlflow.entities import DatasetInput, InputTag
+
+    from ada_core.data import data_digest, prompts_digest
+    from ada_core.hf import prompts_dataset
+
+    path = Path(source)
+    origin = path / "prompts.jsonl" if path.is_dir() else path
+    source_digest = data_digest(source)
+    digests, inputs = {}, []
+    for context, prompts in splits.items():
+        if not prompts:
+            continue
+        digest = prompts_digest(prompts)
+        name = f"{origin.parent.name + '/' + origin.name if origin.is_file() else source}:{context}"
+        mlflow_source = (origin.resolve().as_uri() if origin.is_file()
+                         else CodeDatasetSource(tags={"ada.generator": source}))
+        with warnings.catch_warnings():  # a file:// URI matches two of MLflow's local source types; either is right
+            warnings.simplefilter("ignore", UserWarning)
+            dataset = mlflow.data.from_huggingface(prompts_dataset(prompts, digest), source=mlflow_source, name=name,
+                                                   digest=digest)
+        inputs.append(DatasetInput(dataset._to_mlflow_entity(), tags=[
+            InputTag("mlflow.data.context", context), InputTag("ada.source_digest", source_digest),
+        ]))
+        digests[context] = digest
+    if inputs:
+        client.log_inputs(run_id, datasets=inputs)
+    return digests
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from ada_core.paths import runs_dir
 from ada_core.trainer import latest_checkpoint, run_steps, setup
 from flows import tracking
 from flows.params import TrainParams
+from flows.progress import TrainProgress, chain
 from flows.report import RUN_INFO
 from flows.runtime import quiet_task_run_logs, run_stamp, set_torch_threads
 from tasks.curation import curate_for, training_config
@@ -45,6 +46,14 @@ def prepare_data(config: TrainConfig, curate: bool, curation_seed: int) -> tuple
     }
 
 
+def describe(params: TrainParams, config: TrainConfig, variant: str) -> str:
+    """The MLflow run's one-paragraph Description."""
+    part = " (a child of a compare/sweep run)" if params.parent_run_id else ""
+    return (f"`{variant}`{part}: preset `{params.preset}`, sampler `{config.sampler.name}`, advantage "
+            f"`{config.advantage.name}`, seed {params.seed}; {config.steps} steps of {config.prompts_per_step} "
+            f"prompts from `{config.data.dataset}` on model `{config.model}`.")
+
+
 @flow(name="train", log_prints=True)
 def train(params: TrainParams = TrainParams()) -> dict[str, Any]:
     """Train one variant and log it to MLflow; returns its run id, run directory and final metrics."""
@@ -53,15 +62,18 @@ def train(params: TrainParams = TrainParams()) -> dict[str, Any]:
     set_torch_threads()
     quiet_task_run_logs()
     variant = params.variant or params.preset
-    label = params.run_name or f"{variant}-s{params.seed}"
+    stamp = run_stamp()
+    # A standalone run's name is unique on its own; a child's (set by compare/sweep) carries its group's.
+    label = params.run_name or f"train-{variant}-s{params.seed}-{stamp}"
     uri = tracking.resolve_tracking_uri(params.tracking_uri)
     run_config, provenance = prepare_data(config, params.curate, params.curation_seed)
-    out = Path(params.output_dir) if params.output_dir else runs_dir() / f"{label}-{run_stamp()}"
+    out = Path(params.output_dir) if params.output_dir else runs_dir() / label
     tags = {"ada.flow": "train", "ada.variant": variant, "ada.preset": params.preset, "ada.seed": str(params.seed),
             "prefect.flow_run_id": str(flow_run.get_id() or "")}
 
-    with tracking.tracked_run(uri, params.experiment, label, params.parent_run_id, tags) as (client, run_id):
-        logger.info("MLflow run %s (%s) -> %s; run dir %s", label, run_id, uri, out)
+    with tracking.tracked_run(uri, params.experiment, label, params.parent_run_id, tags,
+                              description=describe(params, run_config, variant)) as (client, run_id):
+        logger.info("run dir %s", out)
         extra = {k: v for k, v in provenance.items() if k != "dataset_hash"}
         tracking.log_params(client, run_id, tracking.run_params(
             config, variant=variant, dataset_digest=provenance["dataset_hash"],
@@ -69,15 +81,21 @@ def train(params: TrainParams = TrainParams()) -> dict[str, Any]:
         ))
         state = setup(run_config, out)
         run_logger = tracking.RunLogger(client, run_id)
+        budget = tracking.BudgetAxes(client, run_id, state.totals, state.num_params)
+        shown = TrainProgress(label, run_config.steps)
         try:
             tracking.log_params(client, run_id, {"num_params": state.num_params})
+            tracking.log_dataset_inputs(client, run_id, run_config.data.dataset,
+                                        {"training": state.source.prompts, "evaluation": state.eval_prompts})
+            shown.start(state.step)
             (out / RUN_INFO).write_text(json.dumps({
                 "label": variant, "preset": params.preset, "seed": params.seed, "num_params": state.num_params,
                 "mlflow_run_id": run_id, "tracking_uri": uri,
             }, indent=2) + "\n")
-            final = run_steps(state, TASK_STEPS, run_logger.callbacks())
+            final = run_steps(state, TASK_STEPS, chain(run_logger.callbacks(), budget.callbacks(), shown.callbacks()))
         finally:
             run_logger.flush()
+            budget.flush()
             state.close()
         checkpoint = latest_checkpoint(out)
         artifact = f"{tracking.checkpoint_artifact_path(checkpoint)}/hf" if checkpoint else None
