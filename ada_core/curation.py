@@ -17,6 +17,7 @@ import copy
 import json
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -28,6 +29,7 @@ from ada_core.records import Prompt
 
 PROMPTS_FILE = "prompts.jsonl"
 REPORT_FILE = "report.json"
+ARROW_DIR = "dataset"  # the same prompts as a Hugging Face dataset (`datasets.load_from_disk`)
 
 # LaTeX that changes spacing or bracket size, not meaning: `\,` `\;` `\:` `\!` `\ ` `\quad` `\left`...
 _LATEX_SPACING = re.compile(r"\\[,;:! ]|\\q?quad\b|\\(?:left|right|displaystyle)\b|~")
@@ -192,10 +194,14 @@ def _stage(name: str, n_in: int, kept: Sequence[Prompt], dropped: dict[str, list
 
 
 def save_curated(result: CurationResult, directory: str | Path) -> Path:
-    """Write `prompts.jsonl` (Prompt records without token ids) and `report.json`, each atomically.
+    """Write `prompts.jsonl` (Prompt records without token ids), `report.json` and `dataset/`, each atomically.
 
-    `data.load_prompts(directory)` reads the set back as training prompts.
+    `data.load_prompts(directory)` reads the set back as training prompts from prompts.jsonl (the
+    file its digest is taken of); `dataset/` holds the same records as an Arrow dataset written by
+    `save_to_disk` (meta as JSON), for `datasets.load_from_disk` and notebooks.
     """
+    from ada_core.hf import save_prompts
+
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     lines = []
@@ -203,8 +209,17 @@ def save_curated(result: CurationResult, directory: str | Path) -> Path:
         record = asdict(p)
         record.pop("prompt_ids")  # tokenizer-specific; the trainer re-encodes
         lines.append(json.dumps(record, ensure_ascii=False))
-    _atomic_write(out / PROMPTS_FILE, "".join(line + "\n" for line in lines))
-    _atomic_write(out / REPORT_FILE, json.dumps(result.report, indent=2, ensure_ascii=False) + "\n")
+    staged = Path(tempfile.mkdtemp(prefix=f".{ARROW_DIR}.", dir=out))
+    try:
+        save_prompts(result.prompts, staged / ARROW_DIR)  # first: a failure here changes nothing
+        _atomic_write(out / PROMPTS_FILE, "".join(line + "\n" for line in lines))
+        _atomic_write(out / REPORT_FILE, json.dumps(result.report, indent=2, ensure_ascii=False) + "\n")
+        old = out / ARROW_DIR
+        if old.exists():
+            old.rename(staged / "old")
+        (staged / ARROW_DIR).rename(old)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
     return out
 
 

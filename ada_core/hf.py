@@ -46,6 +46,8 @@ PROMPT_FEATURES = datasets.Features({
     "difficulty": datasets.Value("float64"),
 })
 
+SAVED_FEATURES = datasets.Features({**PROMPT_FEATURES, "meta": datasets.Value("string")})
+
 
 def datasets_cache_dir() -> Path:
     path = cache_dir() / "hf_datasets"
@@ -101,3 +103,16 @@ def prompts_dataset(prompts: Sequence[Prompt], fingerprint: str) -> datasets.Dat
         "source": [p.source for p in prompts], "difficulty": [p.difficulty for p in prompts],
     }, schema=PROMPT_FEATURES.arrow_schema)
     return datasets.Dataset(table, info=datasets.DatasetInfo(features=PROMPT_FEATURES), fingerprint=fingerprint)
+
+
+def save_prompts(prompts: Sequence[Prompt], directory: Path) -> None:
+    """`save_to_disk` the prompts (PROMPT_FEATURES + meta as JSON) into `directory`."""
+    import json
+
+    table = datasets.table.InMemoryTable.from_pydict({
+        "id": [p.id for p in prompts], "text": [p.text for p in prompts], "answer": [p.answer for p in prompts],
+        "source": [p.source for p in prompts], "difficulty": [p.difficulty for p in prompts],
+        "meta": [json.dumps(p.meta, ensure_ascii=False, default=str) for p in prompts],
+    }, schema=SAVED_FEATURES.arrow_schema)
+    with plain_print():
+        datasets.Dataset(table, info=datasets.DatasetInfo(features=SAVED_FEATURES)).save_to_disk(str(directory))
