@@ -62,11 +62,18 @@ class CurationResult:
 
 
 def dedup(prompts: Sequence[Prompt]) -> tuple[list[Prompt], dict[str, Any]]:
-    """Keep the first prompt of each normalised text; later copies are dropped as `duplicate`."""
+    """Keep the first prompt of each normalised text; later copies are dropped as `duplicate`.
+
+    The normalised texts come from a fingerprint-cached `datasets.map` (`hf.text_keys`), so a
+    second curation of the same pool skips the regexes.
+    """
+    from ada_core.data import prompts_digest
+    from ada_core.hf import text_keys
+
+    keys = text_keys(prompts, normalise_text, prompts_digest(prompts)) if prompts else []
     first: dict[str, str] = {}
     kept, duplicate_of = [], {}
-    for p in prompts:
-        key = normalise_text(p.text)
+    for p, key in zip(prompts, keys):
         if key in first:
             duplicate_of[p.id] = first[key]
         else:

@@ -116,3 +116,36 @@ def save_prompts(prompts: Sequence[Prompt], directory: Path) -> None:
     }, schema=SAVED_FEATURES.arrow_schema)
     with plain_print():
         datasets.Dataset(table, info=datasets.DatasetInfo(features=SAVED_FEATURES)).save_to_disk(str(directory))
+
+
+def _apply_to_text(batch: dict[str, list], function: Any) -> dict[str, list]:
+    return {"key": [function(text) for text in batch["text"]]}
+
+
+def text_keys(prompts: Sequence[Prompt], function: Any, digest: str) -> list[str]:
+    """`function(prompt.text)` for every prompt, through a fingerprint-cached `datasets.map`.
+
+    The texts are saved once under the cache as an on-disk dataset named by `digest` (the
+    prompts' `ada_core.data.prompts_digest`); `map` then caches its result next to them, keyed by
+    that dataset and the function's code, so curating the same pool again reads the keys back.
+    """
+    import shutil
+    import tempfile
+
+    folder = datasets_cache_dir() / "prompt_texts" / digest
+    if not (folder / "dataset_info.json").is_file():
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staged = Path(tempfile.mkdtemp(prefix=f".{digest}.", dir=folder.parent))
+        try:
+            table = datasets.table.InMemoryTable.from_pydict({"text": [p.text for p in prompts]})
+            with plain_print():
+                datasets.Dataset(table, fingerprint=digest).save_to_disk(str(staged / "set"))
+            try:
+                (staged / "set").rename(folder)
+            except OSError:  # another process saved the same texts first
+                pass
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
+    texts = datasets.load_from_disk(str(folder))
+    return cached_map(texts, _apply_to_text, batched=True, batch_size=2000, remove_columns=["text"],
+                      fn_kwargs={"function": function})["key"]
