@@ -17,7 +17,6 @@ import json
 import os
 import time
 import urllib.request
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,8 +27,6 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 from mlflow.exceptions import MlflowException
 
-from ada_core import metrics as K
-from ada_core.budget import compute_flops
 from ada_core.config import SamplerConfig, TrainConfig, flat_params
 from ada_core.paths import ada_home
 from ada_core.trainer import Callbacks
@@ -305,95 +302,6 @@ class RunLogger:
 
     def callbacks(self) -> Callbacks:
         return Callbacks(on_step=self.on_step, on_eval=self.on_eval, on_checkpoint=self.on_checkpoint)
-
-
-# Held-out accuracy and reward against the budget, as MLflow series whose `step` is the budget, so
-# MLflow's own line chart (x = Step) shows one line per run with a point per evaluation.
-VS_SAMPLES = "vs_samples"  # step = cumulative generated samples
-VS_MFLOPS = "vs_mflops"  # step = estimated compute in MFLOPs (1e6 FLOPs: int64 steps hold 9e24 FLOPs)
-BUDGET_SERIES = {K.EVAL_AVG_AT_K: "eval_avg_at_k", K.EVAL_PASS_AT_K: "eval_pass_at_k", K.REWARD_MEAN: "reward_mean"}
-
-
-class BudgetAxes:
-    """Callbacks that log `vs_samples/<metric>` and `vs_mflops/<metric>` for accuracy and reward.
-
-    `totals` is the run's live cumulative counters (`RunState.totals`), read when a metric arrives,
-    so the step-0 evaluation sits at 0 samples and a resumed run continues from its checkpoint.
-    """
-
-    def __init__(self, client: MlflowClient, run_id: str, totals: dict[str, float], num_params: int):
-        self.client, self.run_id, self.totals, self.num_params = client, run_id, totals, num_params
-        self._pending: list[Any] = []
-
-    def steps(self) -> dict[str, int]:
-        samples = int(self.totals.get(K.BUDGET_GENERATED_SAMPLES_CUM, 0.0))
-        flops = compute_flops(self.num_params, self.totals.get(K.BUDGET_GENERATED_TOKENS_CUM, 0.0),
-                              self.totals.get(K.BUDGET_TRAINED_TOKENS_CUM, 0.0),
-                              self.totals.get(K.BUDGET_LOGPROB_TOKENS_CUM, 0.0))
-        return {VS_SAMPLES: samples, VS_MFLOPS: int(round(flops / 1e6))}
-
-    def _log(self, metrics: dict[str, float]) -> None:
-        now = int(time.time() * 1000)
-        items = [Metric(f"{axis}/{name}", float(metrics[key]), now, step)
-                 for axis, step in self.steps().items() for key, name in BUDGET_SERIES.items() if key in metrics]
-        if items:  # through MLflow's async queue, like RunLogger: a synchronous batch costs ~30 ms on SQLite
-            operation = self.client.log_batch(self.run_id, metrics=items, synchronous=False)
-            if operation is not None:
-                self._pending.append(operation)
-
-    def flush(self) -> None:
-        pending, self._pending = self._pending, []
-        for operation in pending:
-            operation.wait()
-
-    def on_step(self, step: int, metrics: dict[str, float]) -> None:
-        self._log({K.REWARD_MEAN: metrics[K.REWARD_MEAN]} if K.REWARD_MEAN in metrics else {})
-
-    def on_eval(self, step: int, metrics: dict[str, float], generations: list[dict[str, Any]]) -> None:
-        self._log(metrics)
-
-    def callbacks(self) -> Callbacks:
-        return Callbacks(on_step=self.on_step, on_eval=self.on_eval)
-
-
-def log_dataset_inputs(client: MlflowClient, run_id: str, source: str, splits: dict[str, list]) -> dict[str, str]:
-    """Log each split (context -> prompts) as an MLflow dataset input; returns context -> digest.
-
-    The Dataset column of the runs table then names what the run trained and evaluated on. Each
-    input is the split as a Hugging Face `datasets.Dataset` (schema: id, text, answer, source,
-    difficulty), its digest `ada_core.data.prompts_digest` and, as source, the file or generator
-    it was drawn from, with that source's digest (`data_digest`, what the curation cache keys on)
-    as a tag.
-    """
-    import mlflow.data
-    from mlflow.data.code_dataset_source import CodeDatasetSource
-    from mlflow.entities import DatasetInput, InputTag
-
-    from ada_core.data import data_digest, prompts_digest
-    from ada_core.hf import prompts_dataset
-
-    path = Path(source)
-    origin = path / "prompts.jsonl" if path.is_dir() else path
-    source_digest = data_digest(source)
-    digests, inputs = {}, []
-    for context, prompts in splits.items():
-        if not prompts:
-            continue
-        digest = prompts_digest(prompts)
-        name = f"{origin.parent.name + '/' + origin.name if origin.is_file() else source}:{context}"
-        mlflow_source = (origin.resolve().as_uri() if origin.is_file()
-                         else CodeDatasetSource(tags={"ada.generator": source}))
-        with warnings.catch_warnings():  # a file:// URI matches two of MLflow's local source types; either is right
-            warnings.simplefilter("ignore", UserWarning)
-            dataset = mlflow.data.from_huggingface(prompts_dataset(prompts, digest), source=mlflow_source, name=name,
-                                                   digest=digest)
-        inputs.append(DatasetInput(dataset._to_mlflow_entity(), tags=[
-            InputTag("mlflow.data.context", context), InputTag("ada.source_digest", source_digest),
-        ]))
-        digests[context] = digest
-    if inputs:
-        client.log_inputs(run_id, datasets=inputs)
-    return digests
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,6 +21,8 @@ from ada_core.config import TrainConfig
 from ada_core.paths import runs_dir
 from ada_core.trainer import latest_checkpoint, run_steps, setup
 from flows import tracking
+from flows.budget_series import BudgetAxes
+from flows.lineage import log_dataset_inputs
 from flows.params import TrainParams
 from flows.progress import TrainProgress, chain
 from flows.report import RUN_INFO
@@ -81,11 +83,11 @@ def train(params: TrainParams = TrainParams()) -> dict[str, Any]:
         ))
         state = setup(run_config, out)
         run_logger = tracking.RunLogger(client, run_id)
-        budget = tracking.BudgetAxes(client, run_id, state.totals, state.num_params)
+        budget = BudgetAxes(client, run_id, state.totals, state.num_params)
         shown = TrainProgress(label, run_config.steps)
         try:
             tracking.log_params(client, run_id, {"num_params": state.num_params})
-            tracking.log_dataset_inputs(client, run_id, run_config.data.dataset,
+            log_dataset_inputs(client, run_id, run_config.data.dataset,
                                         {"training": state.source.prompts, "evaluation": state.eval_prompts})
             shown.start(state.step)
             (out / RUN_INFO).write_text(json.dumps({
