@@ -8,14 +8,15 @@ from pathlib import Path
 from mlflow import MlflowClient
 
 
-def log_dataset_inputs(client: MlflowClient, run_id: str, source: str, splits: dict[str, list]) -> dict[str, str]:
+def log_dataset_inputs(client: MlflowClient, run_id: str, source: str, splits: dict[str, list],
+                       tags: dict[str, str] | None = None) -> dict[str, str]:
     """Log each split (context -> prompts) as an MLflow dataset input; returns context -> digest.
 
     The Dataset column of the runs table then names what the run trained and evaluated on. Each
     input is the split as a Hugging Face `datasets.Dataset` (schema: id, text, answer, source,
     difficulty), its digest `ada_core.data.prompts_digest` and, as source, the file or generator
     it was drawn from, with that source's digest (`data_digest`, what the curation cache keys on)
-    as a tag.
+    as a tag; `tags` are added to every input (a curated set names the dataset it was curated from).
     """
     import mlflow.data
     from mlflow.data.code_dataset_source import CodeDatasetSource
@@ -41,6 +42,7 @@ def log_dataset_inputs(client: MlflowClient, run_id: str, source: str, splits: d
                                                    digest=digest)
         inputs.append(DatasetInput(dataset._to_mlflow_entity(), tags=[
             InputTag("mlflow.data.context", context), InputTag("ada.source_digest", source_digest),
+            *(InputTag(k, str(v)) for k, v in (tags or {}).items()),
         ]))
         digests[context] = digest
     if inputs:

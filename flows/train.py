@@ -18,6 +18,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from ada_core.config import TrainConfig
+from ada_core.data import data_digest
 from ada_core.paths import runs_dir
 from ada_core.trainer import latest_checkpoint, run_steps, setup
 from flows import tracking
@@ -87,8 +88,10 @@ def train(params: TrainParams = TrainParams()) -> dict[str, Any]:
         shown = TrainProgress(label, run_config.steps)
         try:
             tracking.log_params(client, run_id, {"num_params": state.num_params})
+            curated_from = ({"ada.curated_from": config.data.dataset,
+                             "ada.curated_from_digest": data_digest(config.data.dataset)} if params.curate else {})
             log_dataset_inputs(client, run_id, run_config.data.dataset,
-                                        {"training": state.source.prompts, "evaluation": state.eval_prompts})
+                               {"training": state.source.prompts, "evaluation": state.eval_prompts}, curated_from)
             shown.start(state.step)
             (out / RUN_INFO).write_text(json.dumps({
                 "label": variant, "preset": params.preset, "seed": params.seed, "num_params": state.num_params,

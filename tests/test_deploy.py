@@ -69,4 +69,9 @@ def test_ui_serves_deployments_and_a_worker_runs_a_triggered_flow(ui_stack):
     assert runs[0].data.params["curation.k"] == "2"
     assert runs[0].data.metrics["curation/pool"] == 56
     assert {a.path for a in mlflow.list_artifacts(runs[0].info.run_id)} == {"curated"}
+    inputs = mlflow.get_run(runs[0].info.run_id).inputs.dataset_inputs  # the curated set, with its lineage
+    assert len(inputs) == (1 if runs[0].data.metrics["curation/kept"] else 0)  # an empty set has no input
+    for item in inputs:
+        tags = {t.key: t.value for t in item.tags}
+        assert tags["mlflow.data.context"] == "curated" and tags["ada.curated_from"] == "arithmetic"
     assert (home / "mlflow.db").is_file() and (home / "prefect" / "prefect.db").is_file()

@@ -98,6 +98,12 @@ def test_every_child_logs_params_step_metrics_and_system_metrics(compared):
         assert set(contexts) == {"training", "evaluation"}
         assert all({t.key: t.value for t in i.tags}["ada.source_digest"] == run.data.params["dataset_hash"]
                    for i in contexts.values())
+        # ... and the digest of the data it was curated from: the one the curation cache keys on.
+        from tasks.curation import curation_inputs
+
+        source_digest = curation_inputs(CompareParams(steps=2, prompts_per_step=4, overrides=SMALL).build("grpo", 0),
+                                        0)["dataset_digest"]
+        assert {t.key: t.value for t in contexts["training"].tags}["ada.curated_from_digest"] == source_digest
         assert run.data.tags["mlflow.note.content"].startswith(f"`{run.data.tags['ada.variant']}` (a child")
 
     for run in children.values():
