@@ -10,6 +10,7 @@ local parquet or jsonl file in one of the HF schemas below (auto-detected from i
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import random
@@ -225,13 +226,30 @@ def load_dataset_file(path: str | Path, schema: str | None = None) -> list[Promp
     _check_unique_ids(path, records, SCHEMAS[name].id or "id")
     if not records["id"]:
         raise ValueError(f"{path}: no rows")
-    return [Prompt(id=pid, text=text, answer=answer, source=source, difficulty=difficulty, meta=json.loads(meta))
+    meta_of = _meta_reader()
+    return [Prompt(id=pid, text=text, answer=answer, source=source, difficulty=difficulty, meta=meta_of(meta))
             for pid, text, answer, source, difficulty, meta in zip(
                 records["id"], records["text"], records["answer"], records["source"], records["difficulty"],
                 records["meta"])]
 
 
 RECORD_COLUMNS = ("row", "id", "raw_id", "text", "answer", "source", "difficulty", "meta")
+
+
+def _meta_reader() -> Callable[[str], dict[str, Any]]:
+    """json.loads for meta strings, parsing each distinct one once (rows mostly share a few) and
+    handing every prompt its own copy."""
+    parsed: dict[str, dict[str, Any]] = {}
+
+    def read(text: str) -> dict[str, Any]:
+        value = parsed.get(text)
+        if value is None:
+            value = parsed[text] = json.loads(text)
+        if any(isinstance(v, (dict, list)) for v in value.values()):
+            return copy.deepcopy(value)
+        return dict(value)
+
+    return read
 
 
 def _schema_name(path: Path, columns: set[str], schema: str | None) -> str:
@@ -386,9 +404,8 @@ def data_digest(dataset: str) -> str:
 def prompts_digest(prompts: Sequence[Prompt]) -> str:
     """sha256 (first 16 hex) of the prompts' ids, texts and answers, in order: the digest of one split."""
     h = hashlib.sha256()
-    for p in prompts:
-        h.update(json.dumps([p.id, p.text, p.answer], ensure_ascii=False).encode())
-        h.update(b"\n")
+    for p in prompts:  # length-prefixed fields: no two different lists of prompts share a byte stream
+        h.update(f"{len(p.id)}:{p.id}{len(p.text)}:{p.text}{len(p.answer)}:{p.answer}".encode())
     return h.hexdigest()[:16]
 
 

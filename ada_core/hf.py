@@ -147,5 +147,6 @@ def text_keys(prompts: Sequence[Prompt], function: Any, digest: str) -> list[str
         finally:
             shutil.rmtree(staged, ignore_errors=True)
     texts = datasets.load_from_disk(str(folder))
-    return cached_map(texts, _apply_to_text, batched=True, batch_size=2000, remove_columns=["text"],
-                      fn_kwargs={"function": function})["key"]
+    keys = cached_map(texts, _apply_to_text, batched=True, batch_size=2000, remove_columns=["text"],
+                      fn_kwargs={"function": function})
+    return keys.data.column("key").to_pylist()  # one Arrow conversion; `keys["key"]` would read row by row
