@@ -10,6 +10,8 @@ local parquet or jsonl file in one of the HF schemas below (auto-detected from i
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import json
 import random
 import re
@@ -209,53 +211,139 @@ def load_dataset_file(path: str | Path, schema: str | None = None) -> list[Promp
 
     A malformed row (missing or empty required field, wrong type, duplicate id) raises a
     ValueError naming the file, the 1-based row number and the field.
+
+    Parquet goes through Hugging Face `datasets`: the file becomes a memory-mapped Arrow table
+    and the row checks run as a batched `map`, both cached under ADA_HOME/cache/hf_datasets and
+    keyed by fingerprint (the file's path, size and mtime; the schema; this code), so a second
+    load of an unchanged file skips parsing and checking. jsonl rows are parsed line by line in
+    Python, because Arrow's JSON reader would coerce mixed types (`4` and `4.5` both to floats)
+    and could not name the line a bad row sits on.
     """
     path = Path(path)
     if not path.is_file():
         raise DatasetMissingError(f"dataset file {path} does not exist")
-    columns, rows = _read_rows(path)
-    if not rows:
-        raise DatasetError(f"{path}: the file has no rows (it is empty or blank)")
+    if path.suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            parquet = pq.ParquetFile(path)
+        except (pa.ArrowException, OSError) as err:
+            raise DatasetError(f"{path}: not a readable parquet file ({err})") from None
+        if parquet.metadata.num_rows == 0:
+            raise DatasetError(f"{path}: the file has no rows (it is empty or blank)")
+        columns = set(parquet.schema_arrow.names)
+        name = _schema_name(path, columns, schema)
+        records = _parquet_records(path, name, columns)
+    else:
+        columns, rows = _read_rows(path)
+        if not rows:
+            raise DatasetError(f"{path}: the file has no rows (it is empty or blank)")
+        name = _schema_name(path, columns, schema)
+        boxed = _boxed_from_solution(SCHEMAS[name], columns)
+        checked = [_record(name, SCHEMAS[name], row, n, path, boxed) for n, row in rows]
+        records = {key: [r[key] for r in checked] for key in RECORD_COLUMNS}
+    _check_unique_ids(path, records, SCHEMAS[name].id or "id")
+    if not records["id"]:
+        raise DatasetError(f"{path}: no rows")
+    meta_of = _meta_reader()
+    return [Prompt(id=pid, text=text, answer=answer, source=source, difficulty=difficulty, meta=meta_of(meta))
+            for pid, text, answer, source, difficulty, meta in zip(
+                records["id"], records["text"], records["answer"], records["source"], records["difficulty"],
+                records["meta"])]
+
+
+RECORD_COLUMNS = ("row", "id", "raw_id", "text", "answer", "source", "difficulty", "meta")
+
+
+def _meta_reader() -> Callable[[str], dict[str, Any]]:
+    """json.loads for meta strings, parsing each distinct one once (rows mostly share a few) and
+    handing every prompt its own copy."""
+    parsed: dict[str, dict[str, Any]] = {}
+
+    def read(text: str) -> dict[str, Any]:
+        value = parsed.get(text)
+        if value is None:
+            value = parsed[text] = json.loads(text)
+        if any(isinstance(v, (dict, list)) for v in value.values()):
+            return copy.deepcopy(value)
+        return dict(value)
+
+    return read
+
+
+def _schema_name(path: Path, columns: set[str], schema: str | None) -> str:
     if schema is None:
         try:
-            schema = detect_schema(columns)
+            return detect_schema(columns)
         except DatasetError:
             raise DatasetError(
                 f"{path}: row 1: cannot tell the dataset schema from its fields {sorted(columns)}; a file needs a "
                 f"problem field ({_schema_hint()}) and an answer field"
             ) from None
-    name = schema
-    if name not in SCHEMAS:
-        raise DatasetError(f"{path}: unknown schema {name!r}; choose from {sorted(SCHEMAS)}")
-    spec = SCHEMAS[name]
-    boxed_from_solution = spec.answer not in columns and "solution" in columns
-    prompts: list[Prompt] = []
+    if schema not in SCHEMAS:
+        raise DatasetError(f"{path}: unknown schema {schema!r}; choose from {sorted(SCHEMAS)}")
+    return schema
+
+
+def _boxed_from_solution(spec: FileSchema, columns: set[str]) -> bool:
+    return spec.answer not in columns and "solution" in columns
+
+
+def _record(name: str, spec: FileSchema, row: Any, n: int, path: Path, boxed_from_solution: bool) -> dict[str, Any]:
+    """One checked row as a flat record (`RECORD_COLUMNS`; meta as JSON), or a DatasetError naming row and field."""
+    where = f"{path}: row {n}"
+    if not isinstance(row, dict):
+        raise DatasetError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    text_col = next((c for c in spec.text if c in row), spec.text[0])
+    text = _required_str(row, text_col, where)
+    if boxed_from_solution:
+        answer = last_boxed(_required_str(row, "solution", where))
+        if answer is None:
+            raise DatasetError(f"{where}: field 'solution' has no \\boxed{{}} answer and there is no 'answer' field")
+    else:
+        answer = _answer(row, spec.answer, where)
+    raw_id = row.get(spec.id) if spec.id else None
+    if raw_id is None or raw_id == "":
+        raw_id = n
+    elif not isinstance(raw_id, (str, int)) or isinstance(raw_id, bool):
+        raise DatasetError(f"{where}: field '{spec.id}' must be a string or integer, got {type(raw_id).__name__}")
+    pid = str(raw_id) if name == "prompts" else f"{path.stem}/{raw_id}"
+    prompt = _make_prompt(name, spec, row, pid, text, answer, path, where)
+    return {"row": n, "id": pid, "raw_id": repr(raw_id), "text": prompt.text, "answer": prompt.answer,
+            "source": prompt.source, "difficulty": prompt.difficulty, "meta": json.dumps(prompt.meta, default=str)}
+
+
+def _check_unique_ids(path: Path, records: dict[str, list], id_field: str) -> None:
     first_row_of: dict[str, int] = {}
-    for n, row in rows:
-        where = f"{path}: row {n}"
-        if not isinstance(row, dict):
-            raise DatasetError(f"{where}: expected a JSON object, got {type(row).__name__}")
-        text_col = next((c for c in spec.text if c in row), spec.text[0])
-        text = _required_str(row, text_col, where)
-        if boxed_from_solution:
-            answer = last_boxed(_required_str(row, "solution", where))
-            if answer is None:
-                raise DatasetError(f"{where}: field 'solution' has no \\boxed{{}} answer and there is no 'answer' field")
-        else:
-            answer = _answer(row, spec.answer, where)
-        raw_id = row.get(spec.id) if spec.id else None
-        if raw_id is None or raw_id == "":
-            raw_id = n
-        elif not isinstance(raw_id, (str, int)) or isinstance(raw_id, bool):
-            raise DatasetError(f"{where}: field '{spec.id}' must be a string or integer, got {type(raw_id).__name__}")
-        pid = str(raw_id) if name == "prompts" else f"{path.stem}/{raw_id}"
+    for n, pid, raw in zip(records["row"], records["id"], records["raw_id"]):
         if pid in first_row_of:
-            raise DatasetError(f"{where}: field '{spec.id}' repeats id {raw_id!r} of row {first_row_of[pid]}")
+            raise DatasetError(f"{path}: row {n}: field '{id_field}' repeats id {raw} of row {first_row_of[pid]}")
         first_row_of[pid] = n
-        prompts.append(_make_prompt(name, spec, row, pid, text, answer, path, where))
-    if not prompts:
-        raise DatasetError(f"{path}: no rows")
-    return prompts
+
+
+def _record_batch(batch: dict[str, list], indices: list[int], name: str, path: str, boxed: bool) -> dict[str, list]:
+    """`datasets.map` body: check a batch of parquet rows (1-based row = index + 1) into records."""
+    spec, where = SCHEMAS[name], Path(path)
+    columns = list(batch)
+    rows = [{c: batch[c][i] for c in columns} for i in range(len(indices))]
+    out = [_record(name, spec, row, idx + 1, where, boxed) for row, idx in zip(rows, indices)]
+    return {key: [r[key] for r in out] for key in RECORD_COLUMNS}
+
+
+def _parquet_records(path: Path, name: str, columns: set[str]) -> dict[str, list]:
+    from ada_core.hf import RECORD_FEATURES, cached_map, load_parquet
+
+    # Read only what some schema uses: OpenR1's generations columns alone are gigabytes.
+    wanted = {c for s in SCHEMAS.values() for c in (*s.text, s.answer, s.id, s.level, *s.meta) if c}
+    wanted |= {"solution", "meta", "difficulty"}
+    table = load_parquet(path, sorted(columns & wanted))
+    records = cached_map(
+        table, _record_batch, batched=True, batch_size=1000, with_indices=True, remove_columns=table.column_names,
+        features=RECORD_FEATURES, desc=f"checking {path.name}",
+        fn_kwargs={"name": name, "path": str(path), "boxed": _boxed_from_solution(SCHEMAS[name], columns)},
+    )
+    return records.to_dict()
 
 
 def _schema_hint() -> str:
@@ -282,21 +370,7 @@ def _make_prompt(name: str, spec: FileSchema, row: dict, pid: str, text: str, an
 
 
 def _read_rows(path: Path) -> tuple[set[str], list[tuple[int, Any]]]:
-    """All columns seen and `(1-based row number, row)` pairs; jsonl rows are numbered by line."""
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        import pyarrow as pa
-
-        try:
-            names = set(pq.read_schema(path).names)
-            # Read only what some schema uses: OpenR1's generations columns alone are gigabytes.
-            wanted = {c for s in SCHEMAS.values() for c in (*s.text, s.answer, s.id, s.level, *s.meta) if c}
-            wanted |= {"solution", "meta", "difficulty"}
-            table = pq.read_table(path, columns=sorted(names & wanted))
-        except (pa.ArrowException, OSError) as err:
-            raise DatasetError(f"{path}: not a readable parquet file ({err})") from None
-        return names, list(enumerate(table.to_pylist(), start=1))
+    """All columns seen and `(1-based row number, row)` pairs of a jsonl file; rows are numbered by line."""
     if path.suffix == ".jsonl":
         rows, columns = [], set()
         with path.open("rb") as fh:
@@ -370,6 +444,33 @@ def _answer(row: dict, field: str, where: str) -> str:
             raise DatasetError(f"{where}: field '{field}' must hold non-empty strings")
         return ", ".join(v.strip() for v in value)  # several answers read as one tuple by math-verify
     return _required_str(row, field, where)
+
+
+# ---------------------------------------------------------------------------------------------
+# Digests: what MLflow's dataset inputs and the curation cache key on
+
+
+def data_digest(dataset: str) -> str:
+    """sha256 (first 16 hex) of a dataset file's bytes (a folder: its prompts.jsonl), or of a generator's name."""
+    path = Path(dataset).expanduser()
+    if path.is_dir():
+        path = path / "prompts.jsonl"
+    h = hashlib.sha256()
+    if path.is_file():
+        with path.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    else:
+        h.update(dataset.encode())
+    return h.hexdigest()[:16]
+
+
+def prompts_digest(prompts: Sequence[Prompt]) -> str:
+    """sha256 (first 16 hex) of the prompts' ids, texts and answers, in order: the digest of one split."""
+    h = hashlib.sha256()
+    for p in prompts:  # length-prefixed fields: no two different lists of prompts share a byte stream
+        h.update(f"{len(p.id)}:{p.id}{len(p.text)}:{p.text}{len(p.answer)}:{p.answer}".encode())
+    return h.hexdigest()[:16]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,8 +22,8 @@ from prefect.artifacts import create_markdown_artifact
 
 from ada_core import metrics as K
 from ada_core.paths import runs_dir
+from flows import links, tracking
 from flows import resume as resuming
-from flows import tracking
 from flows.params import RunSettings, TrainParams, flatten_dotted
 from flows.report import load_run, write_report
 from flows.runtime import run_stamp
@@ -40,7 +40,7 @@ def child_params(settings: RunSettings, preset: str, seed: int, label: str, trac
     if prompts_per_step is not None:
         shared["prompts_per_step"] = prompts_per_step
     return TrainParams(
-        **shared, preset=preset, seed=seed, variant=label, run_name=f"{label}-s{seed}",
+        **shared, preset=preset, seed=seed, variant=label, run_name=f"{group_dir.name}/{label}-s{seed}",
         parent_run_id=parent_run_id, output_dir=str(group_dir / f"{label}-s{seed}"),
     )
 
@@ -120,13 +120,17 @@ def finish_group(
         logger.info("registered %s version %s (%s, seed %s) as @%s", register_as, version, best["variant"],
                     best["seed"], alias)
 
-    links = "\n".join(f"- `{r['variant']}` seed {r['seed']}: MLflow run `{r['run_id']}`, dir `{r['run_dir']}`"
-                      for r in results)
+    uri = client.tracking_uri
+    experiment_id = client.get_run(parent_run_id).info.experiment_id
+    children = "\n".join(_child_line(client, uri, experiment_id, r) for r in results)
     model_line = (f"Best policy: `{registered['uri']}` (version {registered['version']}, {registered['variant']}, "
                   f"seed {registered['seed']})." if registered else "No evaluated checkpoint to register.")
+    parent = links.markdown_link(parent_run_id, links.mlflow_run_url(uri, experiment_id, parent_run_id))
+    plots = report.plots_markdown(lambda name: links.mlflow_artifact_url(uri, parent_run_id, f"report/{name}"))
     create_markdown_artifact(
-        markdown=f"{report.markdown}\n\n{model_line}\n\nMLflow parent run `{parent_run_id}`; report files in "
-                 f"`{report.directory}` and on the parent run under `report/`.\n\nChildren:\n{links}\n",
+        markdown=f"{report.summary}\n\n{model_line}\n\nMLflow parent run {parent}, report files in "
+                 f"`{report.directory}` and on the parent run under `report/`.\n\n## Children\n\n{children}\n\n"
+                 f"## Plots\n\n{plots}\n",
         key=f"{kind}-report",
         description=f"{kind} report: final metrics (mean ± std over seeds) and plots",
     )
@@ -136,6 +140,15 @@ def finish_group(
     }
     (group_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _child_line(client: MlflowClient, uri: str, experiment_id: str, result: dict[str, Any]) -> str:
+    """`- variant seed s: MLflow run <link>, <Prefect flow run link>, dir <path>` for the report."""
+    run = client.get_run(result["run_id"])
+    mlflow_link = links.markdown_link(run.info.run_name, links.mlflow_run_url(uri, experiment_id, result["run_id"]))
+    prefect_url = run.data.tags.get(links.PREFECT_RUN_URL_TAG)
+    prefect = f", {links.markdown_link('Prefect flow run', prefect_url)}" if prefect_url else ""
+    return f"- `{result['variant']}` seed {result['seed']}: MLflow run {mlflow_link}{prefect}, dir `{result['run_dir']}`"
 
 
 def log_group_params(client: MlflowClient, run_id: str, settings: RunSettings, **extra: Any) -> None:

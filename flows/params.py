@@ -88,14 +88,14 @@ class TrainParams(RunSettings):
     variant: str | None = Field(
         None, description="Variant name for params, reports and registry tags (e.g. grpo-matched); empty = preset."
     )
-    run_name: str | None = Field(None, description="MLflow run name; empty = '<variant>-s<seed>'.")
+    run_name: str | None = Field(None, description="MLflow run name; empty = 'train-<variant>-s<seed>-<time stamp>'.")
     parent_run_id: str | None = Field(None, description="Log as a child of this MLflow run (set by compare and sweep).")
     register_as: str | None = Field(
         None, description="Register the final checkpoint in the Model Registry under this name."
     )
     alias: str = Field("candidate", min_length=1, description="Alias for the registered version ('latest' is reserved).")
     output_dir: str | None = Field(
-        None, description="Run directory; empty = $ADA_HOME/runs/<run name>-<time>. A folder that already holds a "
+        None, description="Run directory; empty = $ADA_HOME/runs/<run name>. A folder that already holds a "
                           "run is refused unless overwrite is set."
     )
     overwrite: bool = Field(

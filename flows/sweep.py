@@ -30,8 +30,10 @@ def sweep(params: SweepParams = SweepParams()) -> dict[str, Any]:
     group_dir, parent_run = group_folder(params, "sweep", uri)
     group = group_dir.name
 
+    description = (f"sweep: {len(grid)} points x {len(params.seeds)} seeds over N={params.N}, M={params.M}, "
+                   f"n={params.n}; the children are the nested runs, the report is under `report/`.")
     with tracking.tracked_run(uri, params.experiment, group, tags=group_tags("sweep"),
-                             run_id=parent_run) as (client, parent_id):
+                              run_id=parent_run, description=description) as (client, parent_id):
         logger.info("sweep %s: %d points x %d seeds; MLflow parent run %s", group, len(grid), len(params.seeds),
                     parent_id)
         log_group_params(client, parent_id, params, variants=params.variants, N=params.N, M=params.M, n=params.n,

@@ -22,12 +22,16 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from ada_core.config import TrainConfig
+from ada_core.data import data_digest
 from ada_core.paths import runs_dir
 from ada_core.run_dir import check_run_dir
 from ada_core.trainer import PER_STEP_FILES, latest_checkpoint, read_metrics, run_steps, setup
 from flows import resume as resuming
 from flows import tracking
+from flows.budget_series import BudgetAxes
+from flows.lineage import log_dataset_inputs
 from flows.params import TrainParams
+from flows.progress import TrainProgress, chain
 from flows.report import RUN_INFO
 from flows.runtime import quiet_task_run_logs, run_stamp, set_torch_threads
 from tasks.curation import curate_for, training_config
@@ -69,6 +73,14 @@ def _fresh_start(out: Path) -> None:
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
 
 
+def describe(params: TrainParams, config: TrainConfig, variant: str) -> str:
+    """The MLflow run's one-paragraph Description."""
+    part = " (a child of a compare/sweep run)" if params.parent_run_id else ""
+    return (f"`{variant}`{part}: preset `{params.preset}`, sampler `{config.sampler.name}`, advantage "
+            f"`{config.advantage.name}`, seed {params.seed}; {config.steps} steps of {config.prompts_per_step} "
+            f"prompts from `{config.data.dataset}` on model `{config.model}`.")
+
+
 @flow(name="train", log_prints=True)
 def train(params: TrainParams = TrainParams()) -> dict[str, Any]:
     """Train one variant and log it to MLflow; returns its run id, run directory and final metrics.
@@ -79,7 +91,9 @@ def train(params: TrainParams = TrainParams()) -> dict[str, Any]:
     set_torch_threads()
     quiet_task_run_logs()
     variant = params.variant or params.preset
-    label = params.run_name or f"{variant}-s{params.seed}"
+    stamp = run_stamp()
+    # A standalone run's name is unique on its own; a child's (set by compare/sweep) carries its group's.
+    label = params.run_name or f"train-{variant}-s{params.seed}-{stamp}"
     uri = tracking.resolve_tracking_uri(params.tracking_uri)
     if not params.curate:
         check_inputs(config)
@@ -88,14 +102,16 @@ def train(params: TrainParams = TrainParams()) -> dict[str, Any]:
     if target is not None:
         out = target.run_dir
     else:
-        out = Path(params.output_dir) if params.output_dir else runs_dir() / f"{label}-{run_stamp()}"
+        default = runs_dir() / (f"{label}-{stamp}" if params.run_name else label)  # the default label has the stamp
+        out = Path(params.output_dir) if params.output_dir else default
         check_run_dir(out, overwrite=params.overwrite)  # before curation and before an MLflow run is opened
     run_config, provenance = prepare_data(config, params.curate, params.curation_seed)
     tags = {"ada.flow": "train", "ada.variant": variant, "ada.preset": params.preset, "ada.seed": str(params.seed),
             resuming.FLOW_RUN: flow_run_id, **resuming.process_tags()}
 
     run_id = target.run_id if target is not None else None
-    with tracking.tracked_run(uri, params.experiment, label, params.parent_run_id, tags, run_id=run_id) as (client, run_id):
+    with tracking.tracked_run(uri, params.experiment, label, params.parent_run_id, tags, run_id=run_id,
+                              description=describe(params, run_config, variant)) as (client, run_id):
         logger.info("MLflow run %s (%s) -> %s; run dir %s", label, run_id, uri, out)
         if target is None or target.run_id is None:
             extra = {k: v for k, v in provenance.items() if k != "dataset_hash"}
@@ -105,10 +121,17 @@ def train(params: TrainParams = TrainParams()) -> dict[str, Any]:
             ))
         state = _setup(run_config, out, target, client, run_id, logger, overwrite=params.overwrite)
         run_logger = tracking.RunLogger(client, run_id)
+        budget = BudgetAxes(run_logger, state.totals, state.num_params)
+        shown = TrainProgress(label, run_config.steps)
         try:
             tracking.log_params(client, run_id, {"num_params": state.num_params})
             if state.skipped_prompts:
                 client.set_tag(run_id, "ada.skipped_long_prompts", str(state.skipped_prompts))
+            curated_from = ({"ada.curated_from": config.data.dataset,
+                             "ada.curated_from_digest": data_digest(config.data.dataset)} if params.curate else {})
+            log_dataset_inputs(client, run_id, run_config.data.dataset,
+                               {"training": state.source.prompts, "evaluation": state.eval_prompts}, curated_from)
+            shown.start(state.step)
             (out / RUN_INFO).write_text(json.dumps({
                 "label": variant, "preset": params.preset, "seed": params.seed, "num_params": state.num_params,
                 "mlflow_run_id": run_id, "tracking_uri": uri,
@@ -117,7 +140,7 @@ def train(params: TrainParams = TrainParams()) -> dict[str, Any]:
                 sent = run_logger.send_missing(read_metrics(out))
                 if sent:
                     logger.info("sent %d metric rows the crash left unsent", sent)
-            final = run_steps(state, TASK_STEPS, run_logger.callbacks())
+            final = run_steps(state, TASK_STEPS, chain(run_logger.callbacks(), budget.callbacks(), shown.callbacks()))
         finally:
             run_logger.flush()
             state.close()
