@@ -94,7 +94,6 @@ def step_metrics(
         mk.TIME_GENERATE_S: clock.generate_s,
         mk.TIME_REWARD_S: clock.reward_s,
         mk.TIME_REWARD_OVERLAP_S: clock.reward_overlap_s,
-        mk.THROUGHPUT_GEN_TOKENS_PER_S: (tokens + clock.aborted_tokens) / clock.generate_s if clock.generate_s > 0 else 0.0,
     }
     if clock.below_capacity_s is not None and clock.metered_s > 0:
         out[mk.ROLLOUT_IDLE_FRACTION] = min(1.0, clock.below_capacity_s / clock.metered_s)

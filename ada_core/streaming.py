@@ -30,7 +30,7 @@ import logging
 import queue
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
@@ -238,7 +238,7 @@ def run_streaming(cfg: SamplerConfig, advantage: AdvantageConfig, prompts: list[
     schedule = StreamSchedule(len(prompts), cfg, cfg.window, engine.concurrency)
     events: queue.Queue = queue.Queue()
     blocks: list[dict[int, BlockHandle]] = [{} for _ in prompts]  # prompt -> first index -> its open block
-    pending: set[tuple[int, int]] = set()  # samples whose future has not resolved
+    pending: dict[tuple[int, int], Future] = {}  # samples whose future has not resolved
     waiting: dict[tuple[int, int], Sample] = {}  # scored, waiting for an earlier sample to commit
     pools = [PromptPool(p) for p in prompts]
     aborted_keys: set[tuple[int, int]] = set()
@@ -253,7 +253,7 @@ def run_streaming(cfg: SamplerConfig, advantage: AdvantageConfig, prompts: list[
                 raise ValueError(f"engine returned {len(handle.futures)} futures for a block of {count} samples")
             blocks[i][j0] = handle
             for k, future in enumerate(handle.futures):
-                pending.add((i, j0 + k))
+                pending[(i, j0 + k)] = future
                 future.add_done_callback(lambda f, key=(i, j0 + k), j0=j0: events.put(("generated", key, (j0, f))))
 
     def cancel_prompt(i: int) -> None:
@@ -281,7 +281,7 @@ def run_streaming(cfg: SamplerConfig, advantage: AdvantageConfig, prompts: list[
             if kind == "generated":
                 i, j = key
                 j0, future = future
-                pending.discard(key)
+                pending.pop(key, None)
                 outcome: StreamOutcome = future.result()  # a dead server raises here, naming itself
                 generation_end, meter_end = time.perf_counter(), engine.meter.read()
                 schedule.generated(i, j)
@@ -323,6 +323,7 @@ def run_streaming(cfg: SamplerConfig, advantage: AdvantageConfig, prompts: list[
     except BaseException:
         for i in range(len(prompts)):
             cancel_prompt(i)
+        wait(list(pending.values()), timeout=30)  # leave no request running behind the error
         raise
     finally:
         verify_pool.shutdown(wait=False, cancel_futures=True)
