@@ -82,11 +82,11 @@ class SamplerConfig(_Strict):
         "(ada_core/streaming.py; needs rollout.engine: vllm). Same pools' rule, no round barrier. Ours.",
     )
     window: int = Field(
-        16,
+        8,
         ge=1,
-        description="ada, schedule=streaming: samples a prompt may have started beyond its committed prefix. "
-        "Too small starves the server, too large wastes tokens on aborted samples; 16 minimised generation "
-        "time in our server model (docs/BENCHMARKS.md `## Streaming elimination`). Ours.",
+        description="ada, schedule=streaming: samples of one prompt in flight on the server at once. Too small "
+        "starves the server, too large wastes tokens on aborted samples; 8 minimised generation time at the "
+        "paper's scale in our server model (docs/BENCHMARKS.md `## Streaming elimination`). Ours.",
     )
 
     @property

@@ -99,6 +99,7 @@ THROUGHPUT_GEN_TOKENS_PER_S = "throughput/gen_tokens_per_s"
 
 # rollout/: how the rollout server was used
 ROLLOUT_IDLE_FRACTION = "rollout/idle_fraction"  # share of generation time below rollout.vllm.concurrency
+ROLLOUT_UNUSED_SLOT_FRACTION = "rollout/unused_slot_fraction"  # 1 - mean sequences in flight / concurrency
 
 # eval/: held-out evaluation
 EVAL_AVG_AT_K = "eval/avg_at_k"

@@ -21,6 +21,8 @@ class Reading:
     """perf_counter() when read."""
     below_s: float
     """Seconds spent below capacity since the meter was made."""
+    slot_s: float
+    """Integral of min(level, capacity) over time: busy slot-seconds."""
 
 
 class OccupancyMeter:
@@ -32,12 +34,14 @@ class OccupancyMeter:
         self.capacity = capacity
         self.level = 0
         self._below_s = 0.0
+        self._slot_s = 0.0
         self._t = time.perf_counter()
         self._lock = threading.Lock()
 
     def _advance(self, now: float) -> None:
         if self.level < self.capacity:
             self._below_s += now - self._t
+        self._slot_s += min(self.level, self.capacity) * (now - self._t)
         self._t = now
 
     def add(self, k: int) -> None:
@@ -50,7 +54,7 @@ class OccupancyMeter:
         with self._lock:
             now = time.perf_counter()
             self._advance(now)
-            return Reading(now, self._below_s)
+            return Reading(now, self._below_s, self._slot_s)
 
     @contextmanager
     def running(self, k: int):

@@ -29,6 +29,9 @@ class StepClock:
     aborted_tokens: int = 0
     below_capacity_s: float | None = None
     """Seconds the engine held fewer sequences than its concurrency while generating; None if it has no meter."""
+    slot_s: float = 0.0
+    """Busy slot-seconds over the metered time (ada_core/occupancy.py)."""
+    capacity: int = 0
     metered_s: float = 0.0
     """Seconds the engine's occupancy meter covered (the generation calls)."""
 
@@ -97,6 +100,7 @@ def step_metrics(
     }
     if clock.below_capacity_s is not None and clock.metered_s > 0:
         out[mk.ROLLOUT_IDLE_FRACTION] = min(1.0, clock.below_capacity_s / clock.metered_s)
+        out[mk.ROLLOUT_UNUSED_SLOT_FRACTION] = max(0.0, 1.0 - clock.slot_s / (clock.capacity * clock.metered_s))
     for r, active in enumerate(clock.active_per_round):
         out[mk.active_prompts_key(r)] = active
     for reason in exit_reasons:

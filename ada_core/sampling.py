@@ -72,6 +72,8 @@ def draw_and_score(
         after = meter.read()
         clock.below_capacity_s = (clock.below_capacity_s or 0.0) + after.below_s - before.below_s
         clock.metered_s += after.at - before.at
+        clock.slot_s += after.slot_s - before.slot_s
+        clock.capacity = meter.capacity
     if len(drawn) != len(requests):
         raise ValueError(f"engine returned {len(drawn)} sample lists for {len(requests)} requests (round {round_index})")
     for (prompt, k), samples in zip(requests, drawn):

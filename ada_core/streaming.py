@@ -4,7 +4,7 @@ Under `rounds` every active prompt's next M samples wait for the slowest sample 
 and the server idles through each round's tail. Here each sample is its own request:
 
     every prompt p has a seeded sample sequence s_p0, s_p1, ...  (seed of s_pj = hash(step seed, p.id, j))
-    keep up to `window` of p's samples started but not yet committed, and the server full
+    keep up to `window` of p's samples on the server, and the server full
     as each sample comes back it is verified at once (while the others generate), then
     COMMITTED IN INDEX ORDER: s_pj joins p's pool only once s_p0 .. s_pj-1 have
     after every commit the exit rule is checked; once p exits, its outstanding samples are aborted
@@ -102,8 +102,9 @@ class StreamSchedule:
     """Which samples to start, commit and abort. Call `starts()`; report each started sample with
     `generated(i, j)` when it leaves the server and `finished(i, j, positive)` once it is scored.
 
-    window: samples a prompt may have started beyond its committed prefix (a bound on the tokens it
-    can waste on aborts). capacity: samples in flight over all prompts (the engine's concurrency).
+    window: samples of one prompt on the server at once. capacity: samples on the server over all
+    prompts (the engine's concurrency). A prompt whose next-to-commit sample is long keeps sampling
+    past it (up to its maximum) instead of stalling: the pool is still cut in index order.
     """
 
     def __init__(self, num_prompts: int, cfg: SamplerConfig, window: int, capacity: int):
@@ -131,7 +132,7 @@ class StreamSchedule:
     def _may_start(self, i: int) -> bool:
         if self.exited[i] or self.next_j[i] >= self.max_per_prompt:
             return False
-        free = self.window - len(self.outstanding[i])
+        free = self.window - len(self.running[i])
         return free >= min(self.min_block, self.max_per_prompt - self.next_j[i])
 
     def _requeue(self, i: int) -> None:
@@ -153,7 +154,7 @@ class StreamSchedule:
             if not self._may_start(i):
                 continue
             j = self.next_j[i]
-            want = min(self.window - len(self.outstanding[i]), self.max_per_prompt - j)
+            want = min(self.window - len(self.running[i]), self.max_per_prompt - j)
             room = self.capacity - self.in_flight
             if room < min(self.min_block, want):  # wait for a block's worth of server slots
                 heapq.heappush(self._heap, (j, i))
@@ -174,6 +175,7 @@ class StreamSchedule:
         if j in self.running[i]:
             self.running[i].discard(j)
             self.in_flight -= 1
+            self._requeue(i)
 
     def finished(self, i: int, j: int, positive: bool) -> tuple[list[int], list[int]]:
         """Sample j of prompt i is back and scored. Commits what is now in order and checks the exit.
@@ -333,6 +335,7 @@ def run_streaming(cfg: SamplerConfig, advantage: AdvantageConfig, prompts: list[
     clock.reward_overlap_s = max(0.0, clock.reward_s - (ended - generation_end))
     clock.below_capacity_s = meter_end.below_s - meter_start.below_s
     clock.metered_s = meter_end.at - meter_start.at
+    clock.slot_s, clock.capacity = meter_end.slot_s - meter_start.slot_s, engine.meter.capacity
     clock.aborted_samples = schedule.aborted
     if not schedule.idle():
         raise RuntimeError("streaming schedule ended with samples unresolved")  # a bookkeeping bug, never input
