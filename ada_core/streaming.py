@@ -228,8 +228,8 @@ def check_streaming_engine(engine) -> None:
 def run_streaming(cfg: SamplerConfig, advantage: AdvantageConfig, prompts: list[Prompt], engine, verifier: Verifier,
                   sampling: SamplingParams, rng: np.random.Generator) -> RolloutBatch:
     """One Ada step under the streaming schedule (the module docstring); same groups contract as rounds."""
-    from ada_core.sampling import DOWNSAMPLERS, _check_prompts, _finish, apply_verdict, make_group
     from ada_core.sampler_metrics import StepClock
+    from ada_core.sampling import DOWNSAMPLERS, _check_prompts, _finish, apply_verdict, make_group
 
     clock = StepClock()
     _check_prompts(prompts)

@@ -30,12 +30,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ada_core import metrics as K  # noqa: E402
-from ada_core.config import AdvantageConfig, SamplerConfig  # noqa: E402
-from ada_core.protocols import SamplingParams, Verdict  # noqa: E402
-from ada_core.records import Prompt  # noqa: E402
-from ada_core.sampling import make_sampler  # noqa: E402
-from ada_core.simulate import DifficultyMix  # noqa: E402
+from ada_core import metrics as K
+from ada_core.config import AdvantageConfig, SamplerConfig
+from ada_core.protocols import SamplingParams, Verdict
+from ada_core.records import Prompt
+from ada_core.sampling import make_sampler
+from ada_core.simulate import DifficultyMix
 
 EOS_SHIFT_NATS = 2.0
 
@@ -133,7 +133,7 @@ def run() -> dict:
         prompts.append(Prompt(id=f"b{i}", text=text, answer="0", meta={"pass_rate": float(rate)},
                               prompt_ids=tokenizer.encode("<bos>" + text, add_special_tokens=False)))
     sampling = SamplingParams(temperature=1.0, max_tokens=max_tokens)
-    ada = dict(name="ada", exit_rule="balance", n=4, M=8, N=4, window=args.window)
+    ada = {"name": "ada", "exit_rule": "balance", "n": 4, "M": 8, "N": 4, "window": args.window}
     schedules = {
         "grpo": SamplerConfig(name="fixed", n=4),
         "ada_rounds": SamplerConfig(**ada, schedule="rounds"),

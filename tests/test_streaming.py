@@ -21,7 +21,7 @@ from ada_core.records import Prompt
 from ada_core.sampling import make_sampler
 from ada_core.streaming import StreamSchedule, sample_seed, shortest_prefix
 
-CFG = dict(name="ada", exit_rule="balance", n=4, M0=4, M=4, N=4, schedule="streaming", window=6)
+CFG = {"name": "ada", "exit_rule": "balance", "n": 4, "M0": 4, "M": 4, "N": 4, "schedule": "streaming", "window": 6}
 
 
 # --- the schedule alone ---------------------------------------------------------------------------

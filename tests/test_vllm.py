@@ -148,10 +148,11 @@ def test_bad_requests_fail_with_the_prompt_named(engine):
         engine.generate([], SamplingParams(temperature=0.0))
 
 
-@pytest.mark.parametrize("preset", ["grpo", "ada-balance"])
-def test_a_few_steps_train_with_the_vllm_engine(preset, vllm_server, tmp_path):
+@pytest.mark.parametrize("preset,schedule", [("grpo", "rounds"), ("ada-balance", "rounds"), ("ada-balance", "streaming")])
+def test_a_few_steps_train_with_the_vllm_engine(preset, schedule, vllm_server, tmp_path):
     config = build_config(preset, "tiny", overrides={
-        **SMALL, "steps": 3, "rollout": {"engine": "vllm", "vllm": {"base_url": vllm_server.base_url}}})
+        **SMALL, "steps": 3, "sampler": {"schedule": schedule},
+        "rollout": {"engine": "vllm", "vllm": {"base_url": vllm_server.base_url}}})
     state = setup(config, tmp_path / preset)
     try:
         assert isinstance(state.rollout, VLLMRolloutEngine)
@@ -171,7 +172,7 @@ def test_a_few_steps_train_with_the_vllm_engine(preset, vllm_server, tmp_path):
         assert row[K.TIME_SYNC_S] >= row["sync/write_s"] + row["sync/reload_s"] > 0
         # Behaviour log-probs came from another process: the gap is measured, and small in fp32.
         assert 0 <= row[K.UPDATE_OLD_LOGPROB_GAP_MEAN] < 1e-3
-        assert row[K.BUDGET_GENERATED_TOKENS] > 0
+        assert row[K.BUDGET_GENERATED_TOKENS] > 0 and 0 <= row[K.ROLLOUT_IDLE_FRACTION] <= 1
     assert [r["step"] for r in read_metrics(tmp_path / preset) if K.EVAL_AVG_AT_K in r] == [0, 2, 3]
 
 

@@ -42,9 +42,9 @@ import httpx
 
 from ada_core import metrics as K
 from ada_core.engines.transformers_engine import _check_sampling, _row_seed
-from ada_core.occupancy import OccupancyMeter
 from ada_core.engines.vllm_server import (SERVED_MODEL_NAME, VLLMServer, VLLMServerError, check_engine_config,
                                           check_sleep_supported)
+from ada_core.occupancy import OccupancyMeter
 from ada_core.protocols import SamplingParams
 from ada_core.records import Prompt, Sample
 

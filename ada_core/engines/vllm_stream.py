@@ -27,7 +27,6 @@ from ada_core.protocols import SamplingParams
 from ada_core.records import Prompt, Sample
 from ada_core.streaming import StreamOutcome
 
-
 # Tokens per streamed chunk (vLLM's per-request `stream_interval`; the first and last chunks always
 # come). One chunk per token costs the API server and this client a JSON message per token, CPU that
 # a CPU host's server shares with generation; 16 keeps that cost small, and an aborted sample's token
