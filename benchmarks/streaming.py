@@ -109,12 +109,14 @@ def run() -> dict:
     parser.add_argument("--prompts", type=int, default=None)
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--concurrency", type=int, default=128)
-    parser.add_argument("--window", type=int, default=16)
+    parser.add_argument("--window", type=int, default=SamplerConfig().window, help="sampler.window (its default)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     prompts_n = args.prompts or (16 if args.quick else 32)
     max_tokens = args.max_tokens or (384 if args.quick else 512)
-    os.environ.setdefault("ADA_HOME", tempfile.mkdtemp(prefix="ada-streaming-bench-"))
+    own_home = None
+    if "ADA_HOME" not in os.environ:  # the tiny model is built there; a scratch home is removed at the end
+        own_home = os.environ["ADA_HOME"] = tempfile.mkdtemp(prefix="ada-streaming-home-")
 
     from ada_core.engines.vllm_engine import VLLMRolloutEngine
     from ada_core.engines.vllm_server import VLLMServer
@@ -167,6 +169,8 @@ def run() -> dict:
         finally:
             engine.close()
     shutil.rmtree(work, ignore_errors=True)
+    if own_home is not None:
+        shutil.rmtree(own_home, ignore_errors=True)
     rounds, streaming = results["ada_rounds"], results["ada_streaming"]
     return {
         "prompts": prompts_n, "max_tokens": max_tokens, "concurrency": args.concurrency, "window": args.window,
