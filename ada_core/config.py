@@ -74,6 +74,20 @@ class SamplerConfig(_Strict):
     std_eps: float = Field(
         1e-6, gt=0.0, description="dapo: a group counts as varied when its reward std exceeds this."
     )
+    schedule: Literal["rounds", "streaming"] = Field(
+        "rounds",
+        description="ada: `rounds` = one batched engine call per round, exits checked at the round's end "
+        "(paper/ref); `streaming` = one request per sample, committed to its prompt's pool in index order "
+        "with the exit checked after every sample and the prompt's outstanding samples aborted once it exits "
+        "(ada_core/streaming.py; needs rollout.engine: vllm). Same pools' rule, no round barrier. Ours.",
+    )
+    window: int = Field(
+        8,
+        ge=1,
+        description="ada, schedule=streaming: samples of one prompt in flight on the server at once. Too small "
+        "starves the server, too large wastes tokens on aborted samples; 8 minimised generation time at the "
+        "paper's scale in our server model (docs/BENCHMARKS.md `## Streaming elimination`). Ours.",
+    )
 
     @property
     def first_round(self) -> int:
@@ -85,6 +99,13 @@ class SamplerConfig(_Strict):
         if self.name != "ada":
             return self.n
         return self.first_round + (self.N - 1) * self.M
+
+    @model_validator(mode="after")
+    def _streaming_is_ada(self) -> "SamplerConfig":
+        if self.schedule == "streaming" and self.name != "ada":
+            raise ValueError(f"sampler.schedule: 'streaming' is an ada schedule; sampler.name={self.name!r} draws "
+                             "in one call per batch (use schedule: rounds)")
+        return self
 
     @model_validator(mode="after")
     def _enough_samples(self) -> "SamplerConfig":
@@ -248,6 +269,13 @@ class TrainConfig(_Strict):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     data: DataConfig = Field(default_factory=DataConfig)
+
+    @model_validator(mode="after")
+    def _streaming_needs_vllm(self) -> "TrainConfig":
+        if self.sampler.schedule == "streaming" and self.rollout.engine != "vllm":
+            raise ValueError(f"sampler.schedule: 'streaming' needs rollout.engine: vllm (per-sample requests with "
+                             f"abort); rollout.engine={self.rollout.engine!r} serves only schedule: rounds")
+        return self
 
 
 # Each preset sets only what defines the algorithm; the comment on each value gives its source.

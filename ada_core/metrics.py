@@ -50,12 +50,16 @@ BUDGET_GENERATED_SAMPLES_CUM = "budget/generated_samples_cum"
 BUDGET_GENERATED_TOKENS_CUM = "budget/generated_tokens_cum"
 BUDGET_TRAINED_SAMPLES_CUM = "budget/trained_samples_cum"
 BUDGET_TRAINED_TOKENS_CUM = "budget/trained_tokens_cum"
+BUDGET_COMMITTED_TOKENS = "budget/committed_tokens"  # tokens of the samples in the pools
+BUDGET_ABORTED_TOKENS = "budget/aborted_tokens"  # streaming: tokens of samples aborted past a pool's prefix
+BUDGET_ABORTED_SAMPLES = "budget/aborted_samples"  # streaming: samples started, then aborted (not samples)
 BUDGET_LOGPROB_TOKENS = "budget/logprob_tokens"  # tokens whose log-probs were recomputed (no grad)
 BUDGET_LOGPROB_TOKENS_CUM = "budget/logprob_tokens_cum"
 
 # time/: wall-time split of a step
 TIME_GENERATE_S = "time/generate_s"
 TIME_REWARD_S = "time/reward_s"
+TIME_REWARD_OVERLAP_S = "time/reward_overlap_s"  # streaming: the part of reward_s spent while generating
 TIME_UPDATE_S = "time/update_s"
 TIME_SYNC_S = "time/sync_s"  # weight sync to an out-of-process engine, plus sleep/wake-up when on
 TIME_STEP_S = "time/step_s"
@@ -92,6 +96,10 @@ UPDATE_RECOMPUTE_S = "update/recompute_s"  # old (and reference) log-prob recomp
 UPDATE_OPTIMIZE_S = "update/optimize_s"  # forward/backward/optimizer steps
 
 THROUGHPUT_GEN_TOKENS_PER_S = "throughput/gen_tokens_per_s"
+
+# rollout/: how the rollout server was used
+ROLLOUT_IDLE_FRACTION = "rollout/idle_fraction"  # share of generation time below rollout.vllm.concurrency
+ROLLOUT_UNUSED_SLOT_FRACTION = "rollout/unused_slot_fraction"  # 1 - mean sequences in flight / concurrency
 
 # eval/: held-out evaluation
 EVAL_AVG_AT_K = "eval/avg_at_k"

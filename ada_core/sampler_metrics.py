@@ -22,10 +22,23 @@ class StepClock:
     reward_s: float = 0.0
     active_per_round: list[int] = field(default_factory=list)
     """Prompts in each engine call (round or generation batch), in order."""
+    reward_overlap_s: float = 0.0
+    """Verifier time that ran while samples were generating (streaming), so not on the step's path."""
+    aborted_samples: int = 0
+    """Samples started and then aborted (streaming): they are no samples, but their tokens were generated."""
+    aborted_tokens: int = 0
+    below_capacity_s: float | None = None
+    """Seconds the engine held fewer sequences than its concurrency while generating; None if it has no meter."""
+    slot_s: float = 0.0
+    """Busy slot-seconds over the metered time (ada_core/occupancy.py)."""
+    capacity: int = 0
+    metered_s: float = 0.0
+    """Seconds the engine's occupancy meter covered (the generation calls)."""
 
     def bookkeeping_s(self) -> float:
         """The sampler's own wall time so far: everything but the engine and verifier calls."""
-        return max(0.0, time.perf_counter() - self.started - self.generate_s - self.reward_s)
+        busy = self.generate_s + self.reward_s - self.reward_overlap_s
+        return max(0.0, time.perf_counter() - self.started - busy)
 
 
 def step_metrics(
@@ -71,7 +84,10 @@ def step_metrics(
         mk.SAMPLER_SAMPLES_PER_PROMPT_MAX: max(sizes),
         mk.SAMPLER_P_HAT_MEAN: _mean([pool.p_hat for pool in pools if pool.samples]),
         mk.BUDGET_GENERATED_SAMPLES: generated,
-        mk.BUDGET_GENERATED_TOKENS: tokens,
+        mk.BUDGET_GENERATED_TOKENS: tokens + clock.aborted_tokens,
+        mk.BUDGET_COMMITTED_TOKENS: tokens,
+        mk.BUDGET_ABORTED_TOKENS: clock.aborted_tokens,
+        mk.BUDGET_ABORTED_SAMPLES: clock.aborted_samples,
         mk.BUDGET_TRAINED_SAMPLES: len(trained),
         mk.BUDGET_TRAINED_TOKENS: sum(len(s.completion_ids) for s in trained),
         mk.REWARD_MEAN: round0_reward / round0_count if round0_count else 0.0,
@@ -80,7 +96,11 @@ def step_metrics(
         mk.RESPONSE_TRUNCATED_FRAC: truncated / generated if generated else 0.0,
         mk.TIME_GENERATE_S: clock.generate_s,
         mk.TIME_REWARD_S: clock.reward_s,
+        mk.TIME_REWARD_OVERLAP_S: clock.reward_overlap_s,
     }
+    if clock.below_capacity_s is not None and clock.metered_s > 0:
+        out[mk.ROLLOUT_IDLE_FRACTION] = min(1.0, clock.below_capacity_s / clock.metered_s)
+        out[mk.ROLLOUT_UNUSED_SLOT_FRACTION] = max(0.0, 1.0 - clock.slot_s / (clock.capacity * clock.metered_s))
     for r, active in enumerate(clock.active_per_round):
         out[mk.active_prompts_key(r)] = active
     for reason in exit_reasons:

@@ -63,9 +63,17 @@ def draw_and_score(
     finite number.
     """
     params = replace(sampling, seed=int(rng.integers(0, 2**31 - 1)))
+    meter = getattr(engine, "meter", None)  # engines that know their occupancy (ada_core/occupancy.py)
+    before = meter.read() if meter is not None else None
     t0 = time.perf_counter()
     drawn = engine.generate(list(requests), params)
     clock.generate_s += time.perf_counter() - t0
+    if before is not None:
+        after = meter.read()
+        clock.below_capacity_s = (clock.below_capacity_s or 0.0) + after.below_s - before.below_s
+        clock.metered_s += after.at - before.at
+        clock.slot_s += after.slot_s - before.slot_s
+        clock.capacity = meter.capacity
     if len(drawn) != len(requests):
         raise ValueError(f"engine returned {len(drawn)} sample lists for {len(requests)} requests (round {round_index})")
     for (prompt, k), samples in zip(requests, drawn):
@@ -87,20 +95,25 @@ def draw_and_score(
             f"(round {round_index}, prompts {shown})"
         )
     for (prompt, _), sample, verdict in zip(items, (s for ss in drawn for s in ss), verdicts):
-        reward, status = verdict.reward, verdict.status
-        if type(reward) is not float:  # the common case skips the slower checks
-            if isinstance(reward, (str, bytes)) or not isinstance(reward, (numbers.Real, np.bool_)):
-                raise ValueError(f"verifier gave prompt {prompt.id!r} a non-numeric reward {reward!r}")
-            reward = float(reward)
-        if not math.isfinite(reward):
-            raise ValueError(f"verifier gave prompt {prompt.id!r} a non-finite reward {reward!r}")
-        if type(status) is not VerifierStatus:
-            try:
-                status = VerifierStatus(status)
-            except ValueError:
-                raise ValueError(f"verifier gave prompt {prompt.id!r} an unknown status {status!r}") from None
-        sample.reward, sample.status, sample.round = reward, status, round_index
+        apply_verdict(prompt, sample, verdict, round_index)
     return drawn
+
+
+def apply_verdict(prompt: Prompt, sample: Sample, verdict, round_index: int) -> None:
+    """Fill in the sample's reward, status and round; raise ValueError, naming the prompt, on a bad verdict."""
+    reward, status = verdict.reward, verdict.status
+    if type(reward) is not float:  # the common case skips the slower checks
+        if isinstance(reward, (str, bytes)) or not isinstance(reward, (numbers.Real, np.bool_)):
+            raise ValueError(f"verifier gave prompt {prompt.id!r} a non-numeric reward {reward!r}")
+        reward = float(reward)
+    if not math.isfinite(reward):
+        raise ValueError(f"verifier gave prompt {prompt.id!r} a non-finite reward {reward!r}")
+    if type(status) is not VerifierStatus:
+        try:
+            status = VerifierStatus(status)
+        except ValueError:
+            raise ValueError(f"verifier gave prompt {prompt.id!r} an unknown status {status!r}") from None
+    sample.reward, sample.status, sample.round = reward, status, round_index
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -275,6 +288,10 @@ class AdaSampler:
         rng: np.random.Generator,
         source: PromptSource | None = None,
     ) -> RolloutBatch:
+        if self.cfg.schedule == "streaming":  # per-sample exits with aborts: ada_core/streaming.py
+            from ada_core.streaming import run_streaming
+
+            return run_streaming(self.cfg, self.advantage, prompts, engine, verifier, sampling, rng)
         clock = StepClock()
         _check_prompts(prompts)
         cfg, threshold = self.cfg, self.cfg.positive_threshold

@@ -11,16 +11,18 @@ import os
 import signal
 
 import httpx
+import numpy as np
 import pytest
 import torch
 
 from ada_core import metrics as K
-from ada_core.config import ConfigError, build_config
+from ada_core.config import AdvantageConfig, ConfigError, SamplerConfig, build_config
 from ada_core.engines.vllm_engine import VLLMRolloutEngine, WeightSyncError
 from ada_core.engines.vllm_server import VLLMServerError, check_engine_config
 from ada_core.models import load_policy
 from ada_core.protocols import SamplingParams
 from ada_core.records import Prompt
+from ada_core.sampling import make_sampler
 from ada_core.trainer import read_metrics, rollout_step, run_steps, setup
 
 pytestmark = pytest.mark.slow
@@ -146,10 +148,11 @@ def test_bad_requests_fail_with_the_prompt_named(engine):
         engine.generate([], SamplingParams(temperature=0.0))
 
 
-@pytest.mark.parametrize("preset", ["grpo", "ada-balance"])
-def test_a_few_steps_train_with_the_vllm_engine(preset, vllm_server, tmp_path):
+@pytest.mark.parametrize("preset,schedule", [("grpo", "rounds"), ("ada-balance", "rounds"), ("ada-balance", "streaming")])
+def test_a_few_steps_train_with_the_vllm_engine(preset, schedule, vllm_server, tmp_path):
     config = build_config(preset, "tiny", overrides={
-        **SMALL, "steps": 3, "rollout": {"engine": "vllm", "vllm": {"base_url": vllm_server.base_url}}})
+        **SMALL, "steps": 3, "sampler": {"schedule": schedule},
+        "rollout": {"engine": "vllm", "vllm": {"base_url": vllm_server.base_url}}})
     state = setup(config, tmp_path / preset)
     try:
         assert isinstance(state.rollout, VLLMRolloutEngine)
@@ -169,7 +172,7 @@ def test_a_few_steps_train_with_the_vllm_engine(preset, vllm_server, tmp_path):
         assert row[K.TIME_SYNC_S] >= row["sync/write_s"] + row["sync/reload_s"] > 0
         # Behaviour log-probs came from another process: the gap is measured, and small in fp32.
         assert 0 <= row[K.UPDATE_OLD_LOGPROB_GAP_MEAN] < 1e-3
-        assert row[K.BUDGET_GENERATED_TOKENS] > 0
+        assert row[K.BUDGET_GENERATED_TOKENS] > 0 and 0 <= row[K.ROLLOUT_IDLE_FRACTION] <= 1
     assert [r["step"] for r in read_metrics(tmp_path / preset) if K.EVAL_AVG_AT_K in r] == [0, 2, 3]
 
 
@@ -183,8 +186,12 @@ def test_a_launched_server_that_dies_is_a_clear_error(tmp_path):
         assert (tmp_path / "run" / "vllm-server.log").stat().st_size > 0
         batch = rollout_step(state)
         assert batch.groups
-        os.killpg(server.process.pid, signal.SIGKILL)
-        server.process.wait(timeout=30)
+        # The server dies mid-stream (sampler.schedule=streaming): killed as the first sample comes back.
+        streaming = make_sampler(SamplerConfig(name="ada", n=4, M=4, N=4, schedule="streaming"), AdvantageConfig())
+        with pytest.raises(VLLMServerError, match=r"(?s)died with exit code -9.*last \d+ lines of .*vllm-server\.log"):
+            streaming.sample(state.source.take(8), _KillOnFirstSample(state.rollout, server), state.verifier,
+                             SamplingParams(max_tokens=40), np.random.default_rng(0))
+        assert state.rollout.meter.level == 0  # every request it started has ended and been counted out
         with pytest.raises(VLLMServerError, match=r"(?s)died with exit code -9.*last \d+ lines of .*vllm-server\.log"):
             rollout_step(state)
         with pytest.raises(WeightSyncError, match=r"weight sync to version 1: pause"):
@@ -192,6 +199,26 @@ def test_a_launched_server_that_dies_is_a_clear_error(tmp_path):
     finally:
         state.close()
     assert server.process is None and not server.healthy()
+
+
+class _KillOnFirstSample:
+    """A real wrapper over the streaming engine: SIGKILLs the server when the first sample is handed over."""
+
+    def __init__(self, engine, server):
+        self.engine, self.server = engine, server
+        self.concurrency, self.meter = engine.concurrency, engine.meter
+
+    def submit(self, prompt, seed, count, sampling):
+        block = self.engine.submit(prompt, seed, count, sampling)
+        for future in block.futures:
+            future.add_done_callback(lambda _: self._kill())
+        return block
+
+    def _kill(self):
+        process = self.server.process
+        if process is not None and process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
 
 
 def test_vllm_config_errors_name_the_field(monkeypatch, tmp_path):

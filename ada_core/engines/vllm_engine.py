@@ -44,6 +44,7 @@ from ada_core import metrics as K
 from ada_core.engines.transformers_engine import _check_sampling, _row_seed
 from ada_core.engines.vllm_server import (SERVED_MODEL_NAME, VLLMServer, VLLMServerError, check_engine_config,
                                           check_sleep_supported)
+from ada_core.occupancy import OccupancyMeter
 from ada_core.protocols import SamplingParams
 from ada_core.records import Prompt, Sample
 
@@ -82,6 +83,9 @@ class VLLMRolloutEngine:
         self._client = httpx.Client(base_url=self.base_url, timeout=request_timeout_s,
                                     limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency))
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="vllm-request")
+        self.meter = OccupancyMeter(concurrency)  # sequences in flight: rollout/idle_fraction
+        self._request_timeout_s = request_timeout_s
+        self._streamer = None  # per-sample requests for sampler.schedule=streaming, made on first use
         self._sync_dir = Path(tempfile.mkdtemp(prefix="ada-weight-sync-", dir=sync_root or default_sync_root()))
         self.model_name = model_name or self._served_model()
 
@@ -143,8 +147,21 @@ class VLLMRolloutEngine:
             "return_token_ids": True,
             "skip_special_tokens": True,
         }
-        data = self._post("/v1/completions", body, what=f"completion for prompt {prompt.id}")
+        with self.meter.running(k):
+            data = self._post("/v1/completions", body, what=f"completion for prompt {prompt.id}")
         return parse_completion(prompt, k, data)
+
+    def submit(self, prompt: Prompt, seed: int, count: int, sampling: SamplingParams):
+        """`count` cancellable samples, seeds seed..seed+count-1: the `StreamingRolloutEngine` protocol
+        (ada_core/streaming.py), served by ada_core/engines/vllm_stream.py."""
+        _check_sampling(sampling)
+        if self._streamer is None:
+            from ada_core.engines.vllm_stream import VLLMSampleStreamer
+
+            self._streamer = VLLMSampleStreamer(self.base_url, self.model_name, concurrency=self.concurrency,
+                                                request_timeout_s=self._request_timeout_s, meter=self.meter,
+                                                error=self._server_error)
+        return self._streamer.submit(prompt, seed, count, sampling)
 
     # --- weight sync ---------------------------------------------------------------------------
 
@@ -213,6 +230,8 @@ class VLLMRolloutEngine:
     # --- plumbing ------------------------------------------------------------------------------
 
     def close(self) -> None:
+        if self._streamer is not None:
+            self._streamer.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._client.close()
         shutil.rmtree(self._sync_dir, ignore_errors=True)

