@@ -213,6 +213,35 @@ class DataConfig(_Strict):
     )
 
 
+class DistributedConfig(_Strict):
+    """How many training ranks the update runs on (see ada_core/engines/rank_group.py)."""
+
+    num_ranks: int = Field(
+        1, ge=1, description="Training ranks (data-parallel DeepSpeed processes). 1 = the update runs in this "
+        "process and Ray is never started; N > 1 = N Ray actors in one placement group, each rank training "
+        "on its share of every mini-batch with global loss denominators. Ours: 1."
+    )
+    ray_address: str | None = Field(
+        None, description="Ray cluster for num_ranks > 1: None = start a local Ray on 127.0.0.1 (no dashboard, "
+        "no usage stats, 1 GiB object store) and stop it at the end; `auto` or `host:port` = join a running "
+        "cluster (infra/GPU.md) and leave it running."
+    )
+    cpus_per_rank: float = Field(
+        1.0, gt=0.0, description="CPUs reserved per rank actor; Ray also sets the rank's OMP_NUM_THREADS from it."
+    )
+    gpus_per_rank: float = Field(
+        0.0, ge=0.0, description="GPUs reserved per rank actor: 0 on CPU (gloo), 1 for one GPU per rank (nccl)."
+    )
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="Ray placement-group strategy for the rank bundles. PACK keeps ranks on as few nodes "
+        "as possible (fast collectives); STRICT_PACK requires one node."
+    )
+    startup_timeout_s: float = Field(
+        300.0, gt=0.0, description="Seconds to wait for the placement group and for every rank to load the "
+        "model and join the process group."
+    )
+
+
 class TrainConfig(_Strict):
     """Everything one training run needs. Build with `build_config`, not by hand."""
 
@@ -233,6 +262,7 @@ class TrainConfig(_Strict):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     data: DataConfig = Field(default_factory=DataConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
 
 
 # Each preset sets only what defines the algorithm; the comment on each value gives its source.

@@ -91,6 +91,11 @@ UPDATE_OPTIMIZER_STEPS = "update/optimizer_steps"  # optimizer steps taken this 
 UPDATE_RECOMPUTE_S = "update/recompute_s"  # old (and reference) log-prob recompute
 UPDATE_OPTIMIZE_S = "update/optimize_s"  # forward/backward/optimizer steps
 
+# dist/: the ranks of the update (distributed.num_ranks; world size 1 is the in-process engine)
+DIST_WORLD_SIZE = "dist/world_size"  # training ranks
+DIST_RANK_UPDATE_S_MAX = "dist/rank_update_s_max"  # the slowest rank's recompute + optimize time this step
+DIST_RANK_UPDATE_S_MIN = "dist/rank_update_s_min"  # the fastest rank's; max - min is time lost to imbalance
+
 THROUGHPUT_GEN_TOKENS_PER_S = "throughput/gen_tokens_per_s"
 
 # eval/: held-out evaluation
