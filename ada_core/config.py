@@ -162,7 +162,18 @@ class VLLMConfig(_Strict):
         None, description="Attach to a running server (e.g. http://127.0.0.1:8000) instead of launching one. "
         "The run loads its weights into it first; one run per server at a time."
     )
-    port: int = Field(0, ge=0, le=65535, description="Port of a launched server on 127.0.0.1; 0 picks a free one.")
+    base_urls: list[str] = Field(
+        default_factory=list, description="Attach to several running servers as one pool (requests spread by "
+        "least outstanding work, weights synced to all, a dead one's requests retried on the others). "
+        "Exclusive with base_url and num_servers > 1."
+    )
+    num_servers: int = Field(
+        1, ge=1, description="vLLM servers to launch as one pool (each on 127.0.0.1 with its own KV cache). On a "
+        "GPU machine each launched server sees every GPU; to pin one GPU per server, start them yourself with "
+        "CUDA_VISIBLE_DEVICES and attach with base_urls (infra/GPU.md). Ours: 1."
+    )
+    port: int = Field(0, ge=0, le=65535, description="Port of a launched server on 127.0.0.1 (server i: port + i); "
+                      "0 picks free ones.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Server dtype; `auto` follows the trainer (float32, or bfloat16 with optim.precision=bf16)."
     )
@@ -186,6 +197,14 @@ class VLLMConfig(_Strict):
         None, description="Where the trainer writes safetensors for the weight sync; None = /dev/shm (or the temp dir)."
     )
     extra_args: list[str] = Field(default_factory=list, description="More `vllm serve` flags for a launched server.")
+
+    @model_validator(mode="after")
+    def _one_way_to_name_servers(self) -> "VLLMConfig":
+        if self.base_urls and self.base_url is not None:
+            raise ValueError("give base_url (one server) or base_urls (a pool), not both")
+        if self.num_servers > 1 and (self.base_urls or self.base_url is not None):
+            raise ValueError("num_servers > 1 launches servers; it cannot be combined with base_url or base_urls")
+        return self
 
 
 class RolloutConfig(_Strict):

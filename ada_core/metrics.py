@@ -66,6 +66,10 @@ SYNC_WRITE_S = "sync/write_s"  # writing the safetensors to the sync folder
 SYNC_RELOAD_S = "sync/reload_s"  # pause, reload_weights, reset_prefix_cache, version, resume
 SYNC_WEIGHT_VERSION = "sync/weight_version"  # the version the server now serves (= the step)
 
+# rollout/: the vLLM servers behind the rollout engine (rollout.vllm.num_servers or base_urls)
+ROLLOUT_NUM_SERVERS = "rollout/num_servers"  # servers the engine was built with
+ROLLOUT_SERVERS_ALIVE = "rollout/servers_alive"  # of them, still serving after this step's sync
+
 # reward/ and response/
 REWARD_MEAN = "reward/mean"  # round-1 mean reward, comparable across variants
 REWARD_TRAINED_MEAN = "reward/trained_mean"  # mean reward of the kept groups

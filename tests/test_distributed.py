@@ -267,7 +267,7 @@ def test_rollout_across_ranks_equals_one_engine(groups_by_stage, policy):
 def test_split_helpers():
     assert split_contiguous([4, 4, 4, 4], 2) == [(0, 2), (2, 4)]
     assert split_contiguous([9, 1, 1, 1], 2) == [(0, 1), (1, 4)]
-    assert split_contiguous([5], 3) == [(0, 1), (1, 1), (1, 1)]
+    assert split_contiguous([5], 3) == [(0, 0), (0, 1), (1, 1)]
     assert balance_by_tokens([[0], [1, 2], [3]], [10, 6, 3], 2) == [[0], [1, 2, 3]]
     assert balance_by_tokens([[0, 1]], [4], 2) == [[0, 1], []]
 
