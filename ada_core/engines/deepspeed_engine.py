@@ -49,7 +49,6 @@ from pathlib import Path
 
 import torch
 
-from ada_core import metrics as K
 from ada_core.config import LossConfig, OptimConfig
 from ada_core.losses import effective_mask, gather_logprobs, ppo_clip_loss, token_entropy
 from ada_core.engines.update_plan import (DIAGNOSTICS, Denominators, flatten, local_steps, plan_update,

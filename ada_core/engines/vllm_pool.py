@@ -60,6 +60,7 @@ class VLLMServerPool:
                                             thread_name_prefix="vllm-pool-request")
         self._fanout = ThreadPoolExecutor(max_workers=len(self.members), thread_name_prefix="vllm-pool-sync")
         self._sync_dir = Path(tempfile.mkdtemp(prefix="ada-weight-sync-", dir=sync_root or default_sync_root()))
+        self._closed = False
 
     @classmethod
     def from_config(cls, config, model_dir: Path, module, output_dir: Path, weight_version: int = 0) -> VLLMServerPool:
@@ -195,6 +196,10 @@ class VLLMServerPool:
     # --- plumbing --------------------------------------------------------------------------------
 
     def close(self) -> None:
+        """Stop every launched server (in parallel) and release the clients. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
         self._requests.shutdown(wait=False, cancel_futures=True)
         for future in [self._fanout.submit(m.close) for m in self.members]:
             try:
