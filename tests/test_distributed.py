@@ -76,6 +76,9 @@ def test_two_rank_training_resumes_identically_and_leaves_no_process(tmp_path):
     assert not ray.is_initialized()
     overrides = {"steps": 3, "prompts_per_step": 6, "eval_every": 0, "checkpoint_every": 2, "sft_steps": 0,
                  "data": {"train_size": 64, "eval_size": 8}, "optim": {"micro_batch_size": 8},
+                 # Without the SFT warm start the tiny model scores 0, so every advantage is 0; the
+                 # entropy bonus still gives every step a gradient through both ranks.
+                 "loss": {"entropy_coef": 0.01},
                  "distributed": {"num_ranks": 2, "startup_timeout_s": 240}}
     config = build_config("ada-balance", "tiny", overrides=overrides)
     state = setup(config, tmp_path / "run")
@@ -90,7 +93,7 @@ def test_two_rank_training_resumes_identically_and_leaves_no_process(tmp_path):
     assert not ray.is_initialized()
     assert _wait_gone(pids["ranks"] + pids["ray"]) == [], "a Ray or rank process outlived close()"
     assert any(not torch.equal(a, b) for a, b in zip(before, after)), "no weight changed"
-    assert last[K.DIST_WORLD_SIZE] == 2.0
+    assert last[K.DIST_WORLD_SIZE] == 2.0 and last[K.TRAIN_GRAD_NORM] > 0
     assert last[K.DIST_RANK_UPDATE_S_MAX] >= last[K.DIST_RANK_UPDATE_S_MIN] > 0
     assert (tmp_path / "run" / "ranks" / "rank_1.log").stat().st_size > 0
     ckpt = latest_checkpoint(tmp_path / "run")
@@ -118,6 +121,19 @@ def test_two_rank_training_resumes_identically_and_leaves_no_process(tmp_path):
     one_rank = build_config("ada-balance", "tiny", overrides={**overrides, "distributed": {"num_ranks": 1}})
     with pytest.raises(ValueError, match=r"saved by 2 training rank\(s\), but distributed.num_ranks=1"):
         setup(one_rank, tmp_path / "one", resume=tmp_path / "run").close()
+
+
+def test_ranks_that_cannot_be_placed_are_a_clear_error(policy, tiny_model, tmp_path):
+    """A local Ray never grows, so GPUs it lacks fail the set-up at once; nothing is left running."""
+    import ray
+
+    if ray.is_initialized() or torch.cuda.is_available():
+        pytest.skip("needs a machine without GPUs and no Ray running in this process")
+    with pytest.raises(RankError, match=r"2 ranks need 2 GPU, this machine's Ray has 0"):
+        RankGroup(policy[0], tiny_model, LossConfig(), OptimConfig(**OPTIM),
+                  DistributedConfig(num_ranks=2, gpus_per_rank=1), total_steps=1,
+                  pad_token_id=policy[1].pad_token_id, log_dir=tmp_path)
+    assert not ray.is_initialized()
 
 
 # --- the update's equivalence with one rank ----------------------------------------------------
@@ -283,3 +299,19 @@ def test_a_dead_rank_fails_the_step_naming_it(groups_by_stage, policy):
         group.update(_batch(tokenizer, 5))
     group.close()
     assert _wait_gone(pids) == [], "a rank outlived close()"
+
+
+def test_distributed_config_from_the_command_line_and_its_errors():
+    from ada_core.config import ConfigError, parse_set
+
+    config = build_config("grpo", "tiny", overrides=parse_set(["distributed.num_ranks=2", "distributed.ray_address=auto"]))
+    assert config.distributed.num_ranks == 2 and config.distributed.ray_address == "auto"
+    default = build_config("grpo", "tiny").distributed
+    assert default.num_ranks == 1 and default.ray_address is None and default.gpus_per_rank == 0
+    with pytest.raises(ConfigError, match=r"distributed\.num_ranks"):
+        build_config("grpo", "tiny", overrides={"distributed": {"num_ranks": 0}})
+    with pytest.raises(ConfigError, match=r"distributed\.placement_strategy"):
+        build_config("grpo", "tiny", overrides={"distributed": {"placement_strategy": "ANYWHERE"}})
+    for name, field in DistributedConfig.model_fields.items():
+        assert field.description, f"distributed.{name} has no description"
+
