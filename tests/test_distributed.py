@@ -124,12 +124,12 @@ def test_two_rank_training_resumes_identically_and_leaves_no_process(tmp_path):
 
 
 def test_ranks_that_cannot_be_placed_are_a_clear_error(policy, tiny_model, tmp_path):
-    """A local Ray never grows, so GPUs it lacks fail the set-up at once; nothing is left running."""
+    """A local Ray only has this machine's GPUs, so asking for more fails at once, before Ray starts."""
     import ray
 
     if ray.is_initialized() or torch.cuda.is_available():
         pytest.skip("needs a machine without GPUs and no Ray running in this process")
-    with pytest.raises(RankError, match=r"2 ranks need 2 GPU, this machine's Ray has 0"):
+    with pytest.raises(RankError, match=r"2 ranks x gpus_per_rank=1 need 2 GPUs, this machine has 0"):
         RankGroup(policy[0], tiny_model, LossConfig(), OptimConfig(**OPTIM),
                   DistributedConfig(num_ranks=2, gpus_per_rank=1), total_steps=1,
                   pad_token_id=policy[1].pad_token_id, log_dir=tmp_path)

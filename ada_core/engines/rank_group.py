@@ -210,17 +210,16 @@ class RankGroup:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         cfg, started = self.distributed, time.perf_counter()
+        if cfg.ray_address is None and not ray.is_initialized() and cfg.gpus_per_rank > 0:
+            need, have = cfg.gpus_per_rank * self.num_ranks, torch.cuda.device_count()
+            if need > have:  # a local Ray only has this machine's GPUs: fail now, not after the placement timeout
+                raise RankError(f"distributed: {self.num_ranks} ranks x gpus_per_rank={cfg.gpus_per_rank:g} need "
+                                f"{need:g} GPUs, this machine has {have}; lower distributed.num_ranks or gpus_per_rank")
         self._started_ray = start_ray(cfg)
         if self._started_ray:
             node = ray._private.worker._global_node
             self._ray_pids = [p.process.pid for infos in (node.all_processes if node else {}).values() for p in infos]
         bundle = {"CPU": cfg.cpus_per_rank, **({"GPU": cfg.gpus_per_rank} if cfg.gpus_per_rank > 0 else {})}
-        have = ray.cluster_resources()
-        short = {k: (v * self.num_ranks, have.get(k, 0.0)) for k, v in bundle.items() if v * self.num_ranks > have.get(k, 0.0)}
-        if self._started_ray and short:  # a local Ray never grows: fail now rather than after the timeout
-            raise RankError("distributed: " + ", ".join(f"{self.num_ranks} ranks need {need:g} {k}, this machine's Ray "
-                                                        f"has {got:g}" for k, (need, got) in short.items())
-                            + "; lower distributed.num_ranks, cpus_per_rank or gpus_per_rank")
         self._pg = placement_group([bundle] * self.num_ranks, strategy=cfg.placement_strategy)
         ready, _ = ray.wait([self._pg.ready()], timeout=cfg.startup_timeout_s)
         if not ready:
