@@ -241,7 +241,7 @@ class DistributedConfig(_Strict):
         "on its share of every mini-batch with global loss denominators. Ours: 1."
     )
     ray_address: str | None = Field(
-        None, description="Ray cluster for num_ranks > 1: None = start a local Ray on 127.0.0.1 (no dashboard, "
+        None, description="Ray cluster for num_ranks > 1: None = start a local Ray on this machine (no dashboard, "
         "no usage stats, 1 GiB object store) and stop it at the end; `auto` or `host:port` = join a running "
         "cluster (infra/GPU.md) and leave it running."
     )

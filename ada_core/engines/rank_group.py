@@ -32,11 +32,9 @@ it on the first node; infra/GPU.md).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
-import random
 import shutil
 import socket
 import sys
@@ -352,8 +350,16 @@ class RankGroup:
         self._shuffle.set_state(state["shuffle_rng"])
         self._steps = int(state["global_steps"])
 
-    def rollout_engine(self) -> RankRolloutEngine:
+    def rollout_engine(self):
+        """A RolloutEngine whose rounds are split across the ranks (rank_rollout.py)."""
+        from ada_core.engines.rank_rollout import RankRolloutEngine
+
         return RankRolloutEngine(self)
+
+    def generate_on(self, rank_runs: list[tuple[int, list, int]], sampling: SamplingParams) -> list:
+        """Each (rank, requests, first index) run sampled on that rank, in parallel; answers in run order."""
+        return self._gather([self._actors[r].generate.remote(requests, sampling, offset) for r, requests, offset in rank_runs],
+                            "rollout", ranks=[r for r, _, _ in rank_runs])
 
     # --- plumbing --------------------------------------------------------------------------------
 
@@ -397,56 +403,6 @@ class RankGroup:
                     raise RankError(f"{what}: training rank {rank} raised {type(cause).__name__}: {cause}\n"
                                     f"{self._tail(rank)}") from None
         return results
-
-
-class RankRolloutEngine:
-    """`RolloutEngine` over the ranks' in-process engines: one call per round, split across ranks.
-
-    Requests are cut into contiguous runs balanced by k x (prompt + max_tokens); rank r samples its run
-    with the call's seed and the requests' global indices, so the result equals one engine's."""
-
-    def __init__(self, group: RankGroup):
-        self.group = group
-
-    def generate(self, requests: Sequence[tuple[Prompt, int]], sampling: SamplingParams) -> list[list[Sample]]:
-        from ada_core.engines.transformers_engine import _check_sampling
-
-        _check_sampling(sampling)
-        for prompt, k in requests:
-            if not prompt.prompt_ids:
-                raise ValueError(f"prompt {prompt.id}: prompt_ids is empty; encode prompts before generating")
-            if k < 0:
-                raise ValueError(f"prompt {prompt.id}: requested k={k} samples; k must be >= 0")
-        if sampling.seed is None:  # one base seed for every rank, as one engine would draw
-            sampling = dataclasses.replace(sampling, seed=random.SystemRandom().getrandbits(63))
-        costs = [k * (len(p.prompt_ids) + sampling.max_tokens) for p, k in requests]
-        runs = split_contiguous(costs, self.group.num_ranks)
-        busy = [r for r, (a, b) in enumerate(runs) if b > a]
-        answers = self.group._gather(
-            [self.group._actors[r].generate.remote(list(requests[runs[r][0]:runs[r][1]]), sampling, runs[r][0])
-             for r in busy], "rollout", ranks=busy)
-        out: list[list[Sample]] = []
-        for part in answers:
-            out.extend(part)
-        return out if busy else [[] for _ in requests]
-
-
-def split_contiguous(costs: list[int], parts: int) -> list[tuple[int, int]]:
-    """Cut indices 0..n-1 into `parts` contiguous [start, end) runs of near-equal total cost.
-
-    [4, 4, 4, 4], 2 -> [(0, 2), (2, 4)]; [9, 1, 1, 1], 2 -> [(0, 1), (1, 4)]."""
-    total = sum(costs)
-    bounds, start, acc = [], 0, 0
-    for r in range(parts - 1):
-        target = total * (r + 1) / parts
-        end = start
-        while end < len(costs) and acc + costs[end] / 2 < target:
-            acc += costs[end]
-            end += 1
-        bounds.append((start, end))
-        start = end
-    bounds.append((start, len(costs)))
-    return bounds
 
 
 def _shm_root() -> Path:
