@@ -183,7 +183,18 @@ class VLLMConfig(_Strict):
         None, description="Attach to a running server (e.g. http://127.0.0.1:8000) instead of launching one. "
         "The run loads its weights into it first; one run per server at a time."
     )
-    port: int = Field(0, ge=0, le=65535, description="Port of a launched server on 127.0.0.1; 0 picks a free one.")
+    base_urls: list[str] = Field(
+        default_factory=list, description="Attach to several running servers as one pool (requests spread by "
+        "least outstanding work, weights synced to all, a dead one's requests retried on the others). "
+        "Exclusive with base_url and num_servers > 1."
+    )
+    num_servers: int = Field(
+        1, ge=1, description="vLLM servers to launch as one pool (each on 127.0.0.1 with its own KV cache). On a "
+        "GPU machine each launched server sees every GPU; to pin one GPU per server, start them yourself with "
+        "CUDA_VISIBLE_DEVICES and attach with base_urls (infra/GPU.md). Ours: 1."
+    )
+    port: int = Field(0, ge=0, le=65535, description="Port of a launched server on 127.0.0.1 (server i: port + i); "
+                      "0 picks free ones.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Server dtype; `auto` follows the trainer (float32, or bfloat16 with optim.precision=bf16)."
     )
@@ -207,6 +218,14 @@ class VLLMConfig(_Strict):
         None, description="Where the trainer writes safetensors for the weight sync; None = /dev/shm (or the temp dir)."
     )
     extra_args: list[str] = Field(default_factory=list, description="More `vllm serve` flags for a launched server.")
+
+    @model_validator(mode="after")
+    def _one_way_to_name_servers(self) -> "VLLMConfig":
+        if self.base_urls and self.base_url is not None:
+            raise ValueError("give base_url (one server) or base_urls (a pool), not both")
+        if self.num_servers > 1 and (self.base_urls or self.base_url is not None):
+            raise ValueError("num_servers > 1 launches servers; it cannot be combined with base_url or base_urls")
+        return self
 
 
 class RolloutConfig(_Strict):
@@ -248,6 +267,35 @@ class CheckpointConfig(_Strict):
     )
 
 
+class DistributedConfig(_Strict):
+    """How many training ranks the update runs on (see ada_core/engines/rank_group.py)."""
+
+    num_ranks: int = Field(
+        1, ge=1, description="Training ranks (data-parallel DeepSpeed processes). 1 = the update runs in this "
+        "process and Ray is never started; N > 1 = N Ray actors in one placement group, each rank training "
+        "on its share of every mini-batch with global loss denominators. Ours: 1."
+    )
+    ray_address: str | None = Field(
+        None, description="Ray cluster for num_ranks > 1: None = start a local Ray on this machine (no dashboard, "
+        "no usage stats, 1 GiB object store) and stop it at the end; `auto` or `host:port` = join a running "
+        "cluster (infra/GPU.md) and leave it running."
+    )
+    cpus_per_rank: float = Field(
+        1.0, gt=0.0, description="CPUs reserved per rank actor; Ray also sets the rank's OMP_NUM_THREADS from it."
+    )
+    gpus_per_rank: float = Field(
+        0.0, ge=0.0, description="GPUs reserved per rank actor: 0 on CPU (gloo), 1 for one GPU per rank (nccl)."
+    )
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="Ray placement-group strategy for the rank bundles. PACK keeps ranks on as few nodes "
+        "as possible (fast collectives); STRICT_PACK requires one node."
+    )
+    startup_timeout_s: float = Field(
+        300.0, gt=0.0, description="Seconds to wait for the placement group and for every rank to load the "
+        "model and join the process group."
+    )
+
+
 class TrainConfig(_Strict):
     """Everything one training run needs. Build with `build_config`, not by hand."""
 
@@ -269,6 +317,7 @@ class TrainConfig(_Strict):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     data: DataConfig = Field(default_factory=DataConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
 
     @model_validator(mode="after")
     def _streaming_needs_vllm(self) -> "TrainConfig":

@@ -35,6 +35,8 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     return -(logp.exp() * logp).sum(-1)
 
 
+K3_CLAMP = 10.0  # verl's bound on the per-token k3 KL value
+
 # Aggregations reduce a [B, T] per-token loss to a scalar. `num_tokens` / `num_seqs` are the totals
 # over the whole mini-batch, so micro-batches that accumulate gradients sum to the mini-batch loss.
 Aggregation = Callable[[torch.Tensor, torch.Tensor, float, float, int], torch.Tensor]
@@ -64,14 +66,24 @@ def _seq_mean_token_mean(loss: torch.Tensor, mask: torch.Tensor, num_tokens: flo
 
 @register_aggregation("seq-mean-token-sum-norm")
 def _seq_mean_token_sum_norm(loss: torch.Tensor, mask: torch.Tensor, num_tokens: float, num_seqs: float, max_len: int):
-    """Token sums over a constant length (Dr. GRPO): no length bias."""
+    """Token sums over a constant length (Dr. GRPO): no length bias. The update engine passes
+    `max_len` = rollout.max_tokens, the same every step, as Dr. GRPO, verl and TRL do."""
     return (loss * mask).sum() / (max(num_seqs, 1.0) * max(max_len, 1))
+
+
+def sequence_kept(advantage: float, truncated: bool, cfg: LossConfig) -> bool:
+    """Whether a sequence keeps its tokens under `mask_truncated` / `exclude_zero_adv`: the scalar
+    rule behind `effective_mask`, which the update's planner uses to count global denominators."""
+    if cfg.mask_truncated and truncated:
+        return False
+    return not (cfg.exclude_zero_adv and abs(advantage) <= 1e-8)
 
 
 def effective_mask(mask: torch.Tensor, advantages: torch.Tensor, truncated: torch.Tensor | None, cfg: LossConfig) -> torch.Tensor:
     """The mask the loss and its denominator use, after the truncation and zero-advantage options.
 
-    mask [B, T], advantages [B], truncated [B] bool -> [B, T].
+    mask [B, T], advantages [B], truncated [B] bool -> [B, T]. A row it zeroes is fully masked and
+    counts in no denominator (the rule `sequence_kept` states per sequence; docs/ALGORITHM.md).
     """
     out = mask.float()
     if cfg.mask_truncated and truncated is not None:
@@ -102,7 +114,8 @@ def ppo_clip_loss(
     mask [B, T]: the effective mask (see `effective_mask`).
     entropy [B, T]: optional per-token entropy for the bonus; ref_logprobs [B, T]: optional for the KL.
     behaviour_logprobs [B, T]: the rollout engine's log-probs; required when `cfg.tis_cap` is set.
-    num_tokens / num_seqs / max_len: mini-batch totals for the aggregation (default: this micro-batch).
+    num_tokens / num_seqs / max_len: mini-batch totals for the aggregation, over every rank's share
+    (default: this micro-batch's own).
 
     Returns (scalar loss, {"clip_frac", "approx_kl", "entropy", "kl_ref", "tis_clip_frac"}) with
     diagnostics as floats averaged over the masked tokens of this micro-batch; `tis_clip_frac` is the
@@ -111,7 +124,7 @@ def ppo_clip_loss(
     mask = mask.float()
     tokens_here = float(mask.sum().item())
     num_tokens = tokens_here if num_tokens is None else num_tokens
-    num_seqs = float(mask.shape[0]) if num_seqs is None else num_seqs
+    num_seqs = float((mask.sum(-1) > 0).sum().item()) if num_seqs is None else num_seqs  # non-empty rows
     max_len = mask.shape[1] if max_len is None else max_len
     aggregate = AGGREGATIONS[cfg.aggregation]
 
@@ -140,9 +153,11 @@ def ppo_clip_loss(
         ent_value = _masked_mean(entropy.detach(), mask)
     kl_value = 0.0
     if ref_logprobs is not None:
-        # k3 estimator (Schulman): unbiased, always >= 0.
+        # k3 estimator (Schulman): unbiased, always >= 0. Clamped per token to [-10, 10] as verl does:
+        # one token far from the reference (exp(20) before the clamp) cannot dominate the step; a
+        # clamped token gives no KL gradient.
         log_r = (ref_logprobs - logprobs).clamp(-20.0, 20.0)
-        kl = torch.exp(log_r) - log_r - 1.0
+        kl = (torch.exp(log_r) - log_r - 1.0).clamp(-K3_CLAMP, K3_CLAMP)
         if cfg.kl_coef > 0:
             loss = loss + cfg.kl_coef * aggregate(kl, mask, num_tokens, num_seqs, max_len)
         kl_value = _masked_mean(kl.detach(), mask)

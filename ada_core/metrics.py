@@ -70,6 +70,10 @@ SYNC_WRITE_S = "sync/write_s"  # writing the safetensors to the sync folder
 SYNC_RELOAD_S = "sync/reload_s"  # pause, reload_weights, reset_prefix_cache, version, resume
 SYNC_WEIGHT_VERSION = "sync/weight_version"  # the version the server now serves (= the step)
 
+# rollout/: the vLLM servers behind the rollout engine (rollout.vllm.num_servers or base_urls)
+ROLLOUT_NUM_SERVERS = "rollout/num_servers"  # servers the engine was built with
+ROLLOUT_SERVERS_ALIVE = "rollout/servers_alive"  # of them, still serving after this step's sync
+
 # reward/ and response/
 REWARD_MEAN = "reward/mean"  # round-1 mean reward, comparable across variants
 REWARD_TRAINED_MEAN = "reward/trained_mean"  # mean reward of the kept groups
@@ -94,6 +98,11 @@ UPDATE_TIS_CLIP_FRAC = "update/tis_clip_frac"  # share of trained tokens whose T
 UPDATE_OPTIMIZER_STEPS = "update/optimizer_steps"  # optimizer steps taken this step
 UPDATE_RECOMPUTE_S = "update/recompute_s"  # old (and reference) log-prob recompute
 UPDATE_OPTIMIZE_S = "update/optimize_s"  # forward/backward/optimizer steps
+
+# dist/: the ranks of the update (distributed.num_ranks; world size 1 is the in-process engine)
+DIST_WORLD_SIZE = "dist/world_size"  # training ranks
+DIST_RANK_UPDATE_S_MAX = "dist/rank_update_s_max"  # the slowest rank's recompute + optimize time this step
+DIST_RANK_UPDATE_S_MIN = "dist/rank_update_s_min"  # the fastest rank's; max - min is time lost to imbalance
 
 THROUGHPUT_GEN_TOKENS_PER_S = "throughput/gen_tokens_per_s"
 

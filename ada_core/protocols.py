@@ -34,6 +34,24 @@ class RolloutEngine(Protocol):
         ...
 
 
+@runtime_checkable
+class UpdateEngine(Protocol):
+    """Trains the policy on a step's groups: one in-process DeepSpeed engine, or a group of N ranks
+    (`distributed.num_ranks`) that the trainer cannot tell apart from it."""
+
+    module: Any  # the HF model with the current weights (checkpoints and weight syncs read it)
+
+    def update(self, groups: Sequence[Any]) -> dict[str, float]:
+        """One training step on the groups; returns `train/*`, `update/*` and `dist/*` metrics."""
+        ...
+
+    def save(self, directory: Any) -> Any: ...
+
+    def load(self, directory: Any) -> None: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class Verdict:
     reward: float

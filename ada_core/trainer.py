@@ -38,10 +38,10 @@ from ada_core.checkpoints import (
 )
 from ada_core.config import TrainConfig
 from ada_core.data import DatasetError, load_prompts, split_prompts, warm_start_prompts
-from ada_core.engines.deepspeed_engine import DeepSpeedUpdateEngine
+from ada_core.engines.rank_group import build_update_engine
 from ada_core.engines.transformers_engine import TransformersRolloutEngine
 from ada_core.models import encode_prompts, load_policy, resolve_model, sft_warm_start
-from ada_core.protocols import PromptSource, RolloutEngine, SamplingParams
+from ada_core.protocols import PromptSource, RolloutEngine, SamplingParams, UpdateEngine
 from ada_core.records import Prompt, RolloutBatch
 from ada_core.rewards import MathVerifier
 from ada_core.run_dir import check_run_dir, claim_run_dir
@@ -66,7 +66,7 @@ class RunState:
     output_dir: Path
     tokenizer: Any
     rollout: RolloutEngine
-    updater: DeepSpeedUpdateEngine
+    updater: UpdateEngine
     verifier: MathVerifier
     source: PromptSource
     eval_prompts: list[Prompt]
@@ -84,10 +84,13 @@ class RunState:
         return SamplingParams(temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens)
 
     def close(self) -> None:
-        self.verifier.close()
-        close = getattr(self.rollout, "close", None)  # the vLLM engine stops its server
-        if close is not None:
-            close()
+        try:
+            self.verifier.close()
+            close = getattr(self.rollout, "close", None)  # the vLLM engine stops its server
+            if close is not None:
+                close()
+        finally:
+            self.updater.close()  # a rank group stops its actors (and the Ray it started)
 
 
 @dataclass
@@ -144,13 +147,13 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
     if moved is not None:
         log.warning("moved the run that was in %s aside to %s", output_dir, moved)
 
-    total_optimizer_steps = config.steps * config.optim.mini_batches * config.optim.ppo_epochs
-    updater = DeepSpeedUpdateEngine(
-        model, config.loss, config.optim, total_steps=total_optimizer_steps,
-        pad_token_id=tokenizer.pad_token_id, seed=config.seed, temperature=config.rollout.temperature,
-    )
+    updater = build_update_engine(config, model, model_dir, tokenizer.pad_token_id, log_dir=output_dir / "ranks")
     step = _checkpoint_step(checkpoint) if checkpoint is not None else 0
-    rollout = build_rollout_engine(config, model_dir, updater.module, tokenizer, output_dir, weight_version=step)
+    try:
+        rollout = build_rollout_engine(config, model_dir, updater, tokenizer, output_dir, weight_version=step)
+    except BaseException:
+        updater.close()
+        raise
     state = RunState(
         config=config,
         output_dir=output_dir,
@@ -193,16 +196,20 @@ def _encode_within_limit(tokenizer, train: list[Prompt], evals: list[Prompt],
     return kept_train, kept_eval, skipped
 
 
-def build_rollout_engine(config: TrainConfig, model_dir: Path, module, tokenizer, output_dir: Path,
+def build_rollout_engine(config: TrainConfig, model_dir: Path, updater: UpdateEngine, tokenizer, output_dir: Path,
                          weight_version: int = 0) -> RolloutEngine:
-    """The configured rollout engine. `transformers` shares `module` with the update engine; `vllm`
-    launches a server on `model_dir` (the run's current weights), or attaches to `rollout.vllm.base_url`
-    and loads `module`'s weights into it, so either way the server starts at `weight_version`."""
+    """The configured rollout engine. `transformers` shares the update engine's module (with N ranks,
+    each rank samples its share on its own copy); `vllm` launches a server on `model_dir` (the run's
+    current weights), or attaches to `rollout.vllm.base_url` and loads the module's weights into it, so
+    either way the server starts at `weight_version`."""
     if config.rollout.engine == "transformers":
-        return TransformersRolloutEngine(module, tokenizer, micro_batch_size=config.rollout.micro_batch_size)
+        across_ranks = getattr(updater, "rollout_engine", None)
+        if across_ranks is not None:
+            return across_ranks()
+        return TransformersRolloutEngine(updater.module, tokenizer, micro_batch_size=config.rollout.micro_batch_size)
     from ada_core.engines.vllm_engine import VLLMRolloutEngine
 
-    return VLLMRolloutEngine.from_config(config, model_dir, module, output_dir, weight_version=weight_version)
+    return VLLMRolloutEngine.from_config(config, model_dir, updater.module, output_dir, weight_version=weight_version)
 
 
 def rollout_step(state: RunState) -> RolloutBatch:

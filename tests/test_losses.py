@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from ada_core.config import LossConfig
+from ada_core.config import LossConfig, OptimConfig
 from ada_core.losses import AGGREGATIONS, effective_mask, gather_logprobs, ppo_clip_loss, token_entropy
 
 
@@ -159,3 +159,56 @@ def test_tis_needs_behaviour_logprobs_and_a_cap_of_at_least_one():
     with pytest.raises(ValueError, match="tis_cap"):
         LossConfig(tis_cap=0.5)
     assert LossConfig(tis_cap=1.0).tis_cap == 1.0 and LossConfig().tis_cap is None
+
+
+# --- the three details settled against verl (docs/ALGORITHM.md, "Loss denominators") -------------
+
+
+def test_fully_masked_rows_count_in_no_denominator():
+    # Row 1 has advantage 0 and exclude_zero_adv masks it: every mode gives the loss of rows 0 and 2
+    # alone, whether the totals come from this micro-batch (the default) or from the planner.
+    from ada_core.engines.update_plan import plan_update
+
+    logprobs = torch.zeros(3, 3)
+    adv = torch.tensor([1.0, 0.0, -2.0])
+    mask = torch.tensor([[1.0, 0, 0], [1, 1, 1], [1, 1, 1]])
+    for mode in AGGREGATIONS:
+        cfg = LossConfig(aggregation=mode, exclude_zero_adv=True)
+        masked = effective_mask(mask, adv, None, cfg)
+        loss, _ = ppo_clip_loss(logprobs, logprobs, adv, masked, cfg, max_len=3)
+        alone, _ = ppo_clip_loss(logprobs[[0, 2]], logprobs[[0, 2]], adv[[0, 2]], mask[[0, 2]], cfg, max_len=3)
+        assert loss.item() == pytest.approx(alone.item(), abs=1e-6), mode
+    seqs = [{"group": 0, "prompt": [1], "completion": [5] * int(n), "advantage": float(a), "truncated": False}
+            for n, a in zip(mask.sum(-1), adv)]
+    den = plan_update(seqs, 1, torch.Generator().manual_seed(0), OptimConfig(), LossConfig(exclude_zero_adv=True),
+                      world_size=2, max_response_len=3)[0].denominators
+    assert (den.num_tokens, den.num_seqs) == (4.0, 2.0)
+
+
+def test_dr_grpo_divides_by_the_constant_max_tokens():
+    # Responses of 1 and 2 tokens, max_tokens 8: (-1 - 2 * 1) / (2 * 8), not / (2 * 2) as the
+    # mini-batch's longest response would give; the planner hands every step the same 8.
+    from ada_core.engines.update_plan import plan_update
+
+    cfg = LossConfig(aggregation="seq-mean-token-sum-norm")
+    logprobs = torch.zeros(2, 2)
+    loss, _ = ppo_clip_loss(logprobs, logprobs, torch.tensor([1.0, 1.0]), torch.tensor([[1.0, 0], [1, 1]]), cfg,
+                            max_len=8)
+    assert loss.item() == pytest.approx(-3 / 16, abs=1e-7)
+    seqs = [{"group": g, "prompt": [1], "completion": [5] * n, "advantage": 1.0, "truncated": False}
+            for g, n in enumerate([1, 2, 5])]
+    plan = plan_update(seqs, 3, torch.Generator().manual_seed(0), OptimConfig(mini_batches=3), cfg, world_size=1,
+                       max_response_len=8)
+    assert [s.denominators.max_len for s in plan] == [8, 8, 8]
+
+
+def test_k3_kl_is_clamped_per_token_to_ten():
+    # Token 0: ref - logprob = 1 -> k3 = e - 2 ~ 0.718 (kept). Token 1: 5 -> e^5 - 6 ~ 142 -> 10, no gradient.
+    ref = torch.tensor([[0.0, 0.0]])
+    logprobs = torch.tensor([[-1.0, -5.0]], requires_grad=True)
+    cfg = LossConfig(kl_coef=1.0)
+    loss, diag = ppo_clip_loss(logprobs, logprobs.detach(), torch.tensor([0.0]), torch.ones(1, 2), cfg,
+                               ref_logprobs=ref)
+    assert diag["kl_ref"] == pytest.approx((math.e - 2 + 10.0) / 2, rel=1e-5)
+    loss.backward()
+    assert logprobs.grad[0, 1].item() == 0.0 and logprobs.grad[0, 0].item() != 0.0

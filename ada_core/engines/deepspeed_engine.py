@@ -10,8 +10,10 @@ One `update(groups)` call is one training step:
 3. For each PPO epoch, shuffle the groups (seeded) and split them by prompt into `mini_batches`
    near-equal mini-batches; each mini-batch is ONE optimizer step, its gradient accumulated over
    micro-batches of `micro_batch_size` sequences. The loss denominators (token count, sequence
-   count, longest response) are mini-batch totals, so the accumulated micro-batch losses sum to
-   exactly the mini-batch loss.
+   count, Dr. GRPO's length) are mini-batch totals, so the accumulated micro-batch losses sum to
+   exactly the mini-batch loss. Steps 1 and 3 are `update_plan`'s, which the N-rank group
+   (`rank_group.RankGroup`) shares: there each rank runs `recompute` and `train_steps` on its
+   share of the plan, and the denominators span every rank's share.
 
 Sequence layout in a micro-batch (left-padded prompts, right-padded responses), e.g. prompts of
 3 and 2 tokens with responses of 2 and 3 tokens:
@@ -47,23 +49,24 @@ from pathlib import Path
 
 import torch
 
-from ada_core import metrics as K
 from ada_core.config import LossConfig, OptimConfig
 from ada_core.losses import effective_mask, gather_logprobs, ppo_clip_loss, token_entropy
+from ada_core.engines.update_plan import (DIAGNOSTICS, Denominators, flatten, local_steps, plan_update,
+                                          update_metrics, zero_metrics)
 from ada_core.records import Group
 
 log = logging.getLogger(__name__)
 
 _STATE_FILE = "update_engine.pt"
-# ppo_clip_loss's diagnostics, token-weighted over every optimizer step of an update.
-_DIAGNOSTICS = ("clip_frac", "approx_kl", "entropy", "kl_ref", "tis_clip_frac")
+_DIAGNOSTICS = DIAGNOSTICS
 
 
 class DeepSpeedUpdateEngine:
     """PPO-clip updates of an HF causal LM wrapped in a DeepSpeed engine (ZeRO stage 0-2)."""
 
     def __init__(self, model, loss_cfg: LossConfig, optim_cfg: OptimConfig, total_steps: int,
-                 pad_token_id: int, ref_model=None, seed: int = 0, temperature: float = 1.0):
+                 pad_token_id: int, ref_model=None, seed: int = 0, temperature: float = 1.0,
+                 max_response_len: int | None = None):
         if pad_token_id is None:
             raise ValueError("pad_token_id is None: give the tokenizer's pad (or eos) token id")
         if optim_cfg.zero_stage == 3:
@@ -80,6 +83,9 @@ class DeepSpeedUpdateEngine:
         # Log-probs are taken at the sampling temperature, as the rollout engines report them, so the
         # PPO ratio compares like with like and starts at 1 whatever the temperature.
         self.temperature = float(temperature)
+        # Dr. GRPO's constant length normaliser (the trainer passes rollout.max_tokens); None = the longest
+        # response of each mini-batch, for direct use without a rollout config.
+        self.max_response_len = max_response_len
         self.ref_model = ref_model if (ref_model is not None and loss_cfg.kl_coef > 0) else None
         if self.ref_model is not None:
             self.ref_model.eval().requires_grad_(False)
@@ -97,58 +103,44 @@ class DeepSpeedUpdateEngine:
     def optimizer_steps(self) -> int:
         return int(self.engine.global_steps)
 
-    def update(self, groups: list[Group]) -> dict[str, float]:
-        """One training step on `groups` (see the module docstring). Returns `train/*` and `update/*`
-        metrics as floats; diagnostics are token-weighted means over every optimizer step, `train/lr`
-        is the rate of the last step. No groups (or no completion tokens): no step, zero metrics."""
-        seqs = _flatten(groups)
-        if not seqs:
-            return _zero_metrics(lr=self._lr(), tis=self.loss_cfg.tis_cap is not None)
-        was_training = self.module.training
-        start = time.perf_counter()
-        self._recompute_old(seqs)
-        recompute_s = time.perf_counter() - start
+    @property
+    def world_size(self) -> int:
+        """Data-parallel ranks this engine's process group spans (1 in the driver's own process)."""
+        return int(self.engine.dp_world_size)
 
+    def update(self, groups: list[Group]) -> dict[str, float]:
+        """One training step on `groups` (see the module docstring). Returns `train/*`, `update/*` and
+        `dist/*` metrics as floats; diagnostics are token-weighted means over every optimizer step,
+        `train/lr` is the rate of the last step. No groups (or no completion tokens): no step, zero metrics.
+
+        This is the one-rank path; `RankGroup.update` runs the same plan over N of these engines."""
+        seqs = flatten(groups)
+        if not seqs:
+            return zero_metrics(lr=self._lr(), tis=self.loss_cfg.tis_cap is not None, world_size=1)
         start = time.perf_counter()
-        sums = dict.fromkeys(("loss", "grad_norm"), 0.0)
-        token_sums = dict.fromkeys(_DIAGNOSTICS, 0.0)
-        tokens_seen, steps, lr = 0.0, 0, self._lr()
-        by_group: dict[int, list[dict]] = {}
-        for s in seqs:
-            by_group.setdefault(s["group"], []).append(s)
+        self.recompute(seqs)
+        recompute_s = time.perf_counter() - start
+        plan = plan_update(seqs, len(groups), self._shuffle, self.optim_cfg, self.loss_cfg, world_size=1,
+                           max_response_len=self.max_response_len)
+        results, optimize_s = self.train_steps(local_steps(seqs, plan, rank=0))
+        return update_metrics(seqs, [results], [{"recompute_s": recompute_s, "optimize_s": optimize_s}],
+                              world_size=1, tis=self.loss_cfg.tis_cap is not None)
+
+    def train_steps(self, steps: list[tuple[list[dict], Denominators]]) -> tuple[list[dict[str, float]], float]:
+        """Run planned optimizer steps on this rank's shares (old log-probs attached). Returns each step's
+        results (see `update_plan.update_metrics`) and the seconds taken."""
+        start = time.perf_counter()
+        was_training = self.module.training
         self.module.train()
         try:
-            for _ in range(self.optim_cfg.ppo_epochs):
-                order = torch.randperm(len(groups), generator=self._shuffle).tolist()
-                for chunk in _split_evenly(order, self.optim_cfg.mini_batches):
-                    mini = [s for g in chunk for s in by_group.get(g, [])]
-                    if not mini:
-                        continue
-                    loss, grad_norm, lr, diag, tokens = self._optimizer_step(mini)
-                    sums["loss"] += loss
-                    sums["grad_norm"] += grad_norm
-                    steps += 1
-                    tokens_seen += tokens
-                    for key in token_sums:
-                        token_sums[key] += diag[key]
+            results = [self._optimizer_step(share, denominators) for share, denominators in steps]
         finally:
             self.module.train(was_training)
-        out = {
-            K.TRAIN_LOSS: sums["loss"] / max(steps, 1),
-            K.TRAIN_ENTROPY: token_sums["entropy"] / max(tokens_seen, 1.0),
-            K.TRAIN_CLIP_FRAC: token_sums["clip_frac"] / max(tokens_seen, 1.0),
-            K.TRAIN_APPROX_KL: token_sums["approx_kl"] / max(tokens_seen, 1.0),
-            K.TRAIN_GRAD_NORM: sums["grad_norm"] / max(steps, 1),
-            K.TRAIN_LR: float(lr),
-            K.TRAIN_KL_REF: token_sums["kl_ref"] / max(tokens_seen, 1.0),
-            **_off_policy_stats(seqs),
-            K.UPDATE_OPTIMIZER_STEPS: float(steps),
-            K.UPDATE_RECOMPUTE_S: recompute_s,
-            K.UPDATE_OPTIMIZE_S: time.perf_counter() - start,
-        }
-        if self.loss_cfg.tis_cap is not None:
-            out[K.UPDATE_TIS_CLIP_FRAC] = token_sums["tis_clip_frac"] / max(tokens_seen, 1.0)
-        return out
+        return results, time.perf_counter() - start
+
+    def close(self) -> None:
+        """Nothing to release in-process (the process group lives as long as the process); the rank
+        group's `close` stops its actors."""
 
     def save(self, directory: str | Path) -> Path:
         """Optimizer, scheduler, step counters and the shuffle RNG (HF weights are saved by the trainer)."""
@@ -162,16 +154,21 @@ class DeepSpeedUpdateEngine:
             "shuffle_rng": self._shuffle.get_state(),
             "zero_stage": self.optim_cfg.zero_stage,
             "precision": self.optim_cfg.precision,
+            "world_size": self.world_size,
         }
         torch.save(state, directory / _STATE_FILE)
         return directory
 
-    def load(self, directory: str | Path) -> None:
+    def load(self, directory: str | Path, every_rank: list[str | Path] | None = None) -> None:
+        """Restore `save`'s state from `directory`. In a world of N ranks, `every_rank` lists the N
+        ranks' folders in rank order: ZeRO picks this rank's partition from the list (and merges them
+        when the partitioning changed)."""
         path = Path(directory) / _STATE_FILE
         if not path.is_file():
             raise FileNotFoundError(f"no update-engine state at {path}")
         # Our own file; DeepSpeed's ZeRO optimizer state holds plain Python objects, so not weights_only.
         state = torch.load(path, map_location="cpu", weights_only=False)
+        check_world_size(path, state.get("world_size", 1), self.world_size)
         if state["zero_stage"] != self.optim_cfg.zero_stage:
             raise ValueError(f"{path} was saved with ZeRO stage {state['zero_stage']}, but optim.zero_stage="
                              f"{self.optim_cfg.zero_stage}: resume with the same stage")
@@ -183,7 +180,10 @@ class DeepSpeedUpdateEngine:
             self.optimizer.load_state_dict(state["optimizer"])
         else:  # ZeRO (and stage-1 bf16) optimizers take one state dict per rank; restore the saved fp32 master
             # weights rather than re-deriving them from the (bf16) module weights
-            self.optimizer.load_state_dict([state["optimizer"]], load_optimizer_states=True, load_from_fp32_weights=True)
+            folders = [Path(p) for p in every_rank] if every_rank is not None else [Path(directory)]
+            partitions = [state["optimizer"] if f == Path(directory) else
+                          torch.load(f / _STATE_FILE, map_location="cpu", weights_only=False)["optimizer"] for f in folders]
+            self.optimizer.load_state_dict(partitions, load_optimizer_states=True, load_from_fp32_weights=True)
         self.scheduler.load_state_dict(state["scheduler"])
         self.engine.global_steps = state["global_steps"]
         self.engine.global_samples = state["global_samples"]
@@ -195,7 +195,7 @@ class DeepSpeedUpdateEngine:
         return float(self.optimizer.param_groups[0]["lr"])
 
     @torch.no_grad()
-    def _recompute_old(self, seqs: list[dict]) -> None:
+    def recompute(self, seqs: list[dict]) -> None:
         """Attach `old` (and `ref`) log-prob tensors to every sequence, before any optimizer step."""
         was_training = self.module.training
         self.module.eval()
@@ -211,17 +211,23 @@ class DeepSpeedUpdateEngine:
                 s["ref"] = ref[row, :n].cpu() if ref is not None else None
         self.module.train(was_training)
 
-    def _optimizer_step(self, mini: list[dict]) -> tuple[float, float, float, dict[str, float], float]:
-        """One optimizer step over a mini-batch. Returns (loss, grad_norm, lr, token-summed diagnostics, tokens)."""
+    def _optimizer_step(self, share: list[dict], den: Denominators) -> dict[str, float]:
+        """One optimizer step over this rank's share of a mini-batch, with the mini-batch's global
+        denominators `den`. Returns its part of the loss, the global grad norm, the lr, the tokens it
+        trained and its token-summed diagnostics."""
         cfg, mbs = self.loss_cfg, self.optim_cfg.micro_batch_size
-        micro = [collate(mini[i : i + mbs], self.pad_token_id, self.engine.device) for i in range(0, len(mini), mbs)]
-        masks = [effective_mask(b["mask"], b["advantages"], b["truncated"], cfg) for b in micro]
-        num_tokens = float(sum(m.sum() for m in masks))
-        num_seqs = float(sum(int((m.sum(-1) > 0).sum()) for m in masks))  # fully masked rows don't count
-        max_len = max(b["response_ids"].shape[1] for b in micro)
-        total_loss, diag_sums = 0.0, dict.fromkeys(_DIAGNOSTICS, 0.0)
-        for i, (batch, mask) in enumerate(zip(micro, masks)):
-            self.engine.set_gradient_accumulation_boundary(i == len(micro) - 1)
+        chunks = [share[i : i + mbs] for i in range(0, len(share), mbs)]
+        # Every rank runs den.num_micro backward passes, so ZeRO's gradient reductions pair up across
+        # ranks; a short share pads with zero-weight copies of its first sequence.
+        chunks += [[{**share[0], "keep": False}]] * (den.num_micro - len(chunks))
+        # DeepSpeed averages gradients over ranks; the world-size factor turns that average into the sum
+        # of the shares' parts, i.e. the one-rank gradient (update_plan's module docstring).
+        scale = float(self.world_size)
+        total_loss, tokens, diag_sums = 0.0, 0.0, dict.fromkeys(_DIAGNOSTICS, 0.0)
+        for i, chunk in enumerate(chunks):
+            batch = collate(chunk, self.pad_token_id, self.engine.device)
+            mask = effective_mask(batch["mask"], batch["advantages"], batch["truncated"], cfg) * batch["keep"][:, None]
+            self.engine.set_gradient_accumulation_boundary(i == len(chunks) - 1)
             logits = self._response_logits(self.engine, batch)
             logprobs = gather_logprobs(logits, batch["response_ids"])
             if cfg.entropy_coef > 0:
@@ -231,11 +237,13 @@ class DeepSpeedUpdateEngine:
                     entropy = token_entropy(logits.detach())
             loss, diag = ppo_clip_loss(
                 logprobs, batch["old"], batch["advantages"], mask, cfg, entropy=entropy, ref_logprobs=batch["ref"],
-                behaviour_logprobs=batch["behaviour"], num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len,
+                behaviour_logprobs=batch["behaviour"], num_tokens=den.num_tokens, num_seqs=den.num_seqs,
+                max_len=den.max_len,
             )
-            self.engine.backward(loss, scale_wrt_gas=False)  # denominators already span the mini-batch
+            self.engine.backward(loss * scale if scale != 1.0 else loss, scale_wrt_gas=False)
             total_loss += float(loss.detach())
             weight = float(mask.sum())
+            tokens += weight
             for key in diag_sums:
                 diag_sums[key] += diag[key] * weight
         lr = self._lr()
@@ -243,7 +251,7 @@ class DeepSpeedUpdateEngine:
         self.engine.step()
         ds_norm = self.engine.get_global_grad_norm()
         grad_norm = float(ds_norm) if ds_norm is not None else float(own_norm or 0.0)
-        return total_loss, grad_norm, lr, diag_sums, num_tokens
+        return {"loss": total_loss, "grad_norm": grad_norm, "lr": lr, "tokens": tokens, **diag_sums}
 
     def _response_logits(self, model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Logits predicting each response token: [B, T, V]."""
@@ -261,7 +269,7 @@ def collate(seqs: list[dict], pad_token_id: int, device: torch.device | str = "c
     Each seq has `prompt`, `completion` (lists of ids), `behaviour` [n], `advantage`, `truncated`, and
     optionally `old` / `ref` [n]. Returns input_ids / attention_mask / position_ids [B, P+T],
     response_ids / mask / old / ref / behaviour [B, T] (`ref` is None when absent), advantages [B],
-    truncated [B] bool.
+    truncated [B] bool, keep [B] (0.0 for a rank's zero-weight padding sequence, `"keep": False`).
     """
     batch = len(seqs)
     width_p = max(len(s["prompt"]) for s in seqs)
@@ -291,46 +299,17 @@ def collate(seqs: list[dict], pad_token_id: int, device: torch.device | str = "c
         "ref": per_token["ref"] if has_ref else None,
         "advantages": torch.tensor([float(s["advantage"]) for s in seqs]),
         "truncated": torch.tensor([bool(s["truncated"]) for s in seqs]),
+        "keep": torch.tensor([1.0 if s.get("keep", True) else 0.0 for s in seqs]),
     }
     return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in out.items()}
 
 
-def _flatten(groups: list[Group]) -> list[dict]:
-    """One dict per (group, sample), validated, in group order."""
-    seqs = []
-    for g_index, group in enumerate(groups):
-        if len(group.advantages) != len(group.samples):
-            raise ValueError(f"group for prompt {group.prompt.id}: {len(group.samples)} samples but "
-                             f"{len(group.advantages)} advantages")
-        if not group.prompt.prompt_ids:
-            raise ValueError(f"group for prompt {group.prompt.id}: prompt_ids is empty")
-        for s_index, sample in enumerate(group.samples):
-            if len(sample.logprobs) != len(sample.completion_ids):
-                raise ValueError(f"prompt {group.prompt.id} sample {s_index}: {len(sample.completion_ids)} "
-                                 f"completion ids but {len(sample.logprobs)} logprobs")
-            if not sample.completion_ids:
-                continue  # nothing to train on
-            seqs.append({
-                "group": g_index,
-                "prompt": list(group.prompt.prompt_ids),
-                "completion": list(sample.completion_ids),
-                "behaviour": torch.tensor(sample.logprobs, dtype=torch.float32),
-                "advantage": float(group.advantages[s_index]),
-                "truncated": bool(sample.truncated),
-            })
-    return seqs
-
-
-def _split_evenly(items: list[int], parts: int) -> list[list[int]]:
-    """[0..6], 3 -> [[0, 1, 2], [3, 4], [5, 6]]; never more parts than items."""
-    parts = max(1, min(parts, len(items)))
-    size, extra = divmod(len(items), parts)
-    out, start = [], 0
-    for i in range(parts):
-        end = start + size + (1 if i < extra else 0)
-        out.append(items[start:end])
-        start = end
-    return out
+def check_world_size(path: Path, saved: int, current: int) -> None:
+    """Refuse optimizer state saved by another number of ranks: ZeRO partitions it by rank, and even
+    replicated state would resume on another data split."""
+    if saved != current:
+        raise ValueError(f"{path} was saved by {saved} training rank(s), but distributed.num_ranks={current}: "
+                         f"resume with distributed.num_ranks={saved}")
 
 
 def _grad_norm(module) -> float:
@@ -338,30 +317,9 @@ def _grad_norm(module) -> float:
     return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
 
 
-def _off_policy_stats(seqs: list[dict]) -> dict[str, float]:
-    """Per-token |old - behaviour| (mean, max) and the importance ratio exp(old - behaviour) (mean, max)
-    over every completion token, the off-policy guard metrics. The log-ratio is clamped to +-20 as in
-    the loss, so one token with a near-zero behaviour probability cannot overflow the max."""
-    delta = torch.cat([s["old"] - s["behaviour"] for s in seqs])
-    ratio = delta.clamp(-20.0, 20.0).exp()
-    return {
-        K.UPDATE_OLD_LOGPROB_GAP_MEAN: float(delta.abs().mean()),
-        K.UPDATE_OLD_LOGPROB_GAP_MAX: float(delta.abs().max()),
-        K.UPDATE_IS_RATIO_MEAN: float(ratio.mean()),
-        K.UPDATE_IS_RATIO_MAX: float(ratio.max()),
-    }
-
-
-def _zero_metrics(lr: float, tis: bool) -> dict[str, float]:
-    """An update with nothing to train on; the importance ratios are reported as 1 (no mismatch seen)."""
-    keys = (K.TRAIN_LOSS, K.TRAIN_ENTROPY, K.TRAIN_CLIP_FRAC, K.TRAIN_APPROX_KL, K.TRAIN_GRAD_NORM,
-            K.TRAIN_KL_REF, K.UPDATE_OLD_LOGPROB_GAP_MEAN, K.UPDATE_OLD_LOGPROB_GAP_MAX, K.UPDATE_OPTIMIZER_STEPS,
-            K.UPDATE_RECOMPUTE_S, K.UPDATE_OPTIMIZE_S) + ((K.UPDATE_TIS_CLIP_FRAC,) if tis else ())
-    return {**dict.fromkeys(keys, 0.0), K.UPDATE_IS_RATIO_MEAN: 1.0, K.UPDATE_IS_RATIO_MAX: 1.0, K.TRAIN_LR: lr}
-
-
 def _initialize(model, optim_cfg: OptimConfig):
-    """deepspeed.initialize on one process, AdamW with decay on matrices, warm-up LambdaLR.
+    """deepspeed.initialize in this process, AdamW with decay on matrices, warm-up LambdaLR. A rank actor
+    sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT first; alone, it is rank 0 of 1.
 
     The process group's backend is the accelerator's own (gloo on CPU, nccl on CUDA), not a fixed one.
     """

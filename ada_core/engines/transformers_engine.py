@@ -56,8 +56,12 @@ class TransformersRolloutEngine:
         self._step_kwargs = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
 
-    def generate(self, requests: Sequence[tuple[Prompt, int]], sampling: SamplingParams) -> list[list[Sample]]:
-        """Return, for each `(prompt, k)` request, exactly k unscored Samples, in request order."""
+    def generate(self, requests: Sequence[tuple[Prompt, int]], sampling: SamplingParams,
+                 request_offset: int = 0) -> list[list[Sample]]:
+        """Return, for each `(prompt, k)` request, exactly k unscored Samples, in request order.
+
+        `request_offset`: the index of `requests[0]` in a larger call split across ranks, so each row's
+        seed is the one it would get in the whole call."""
         _check_sampling(sampling)
         rows: list[tuple[int, int]] = []  # (request index, copy index)
         for i, (prompt, k) in enumerate(requests):
@@ -77,7 +81,7 @@ class TransformersRolloutEngine:
                 for start in range(0, len(rows), self.micro_batch_size):
                     chunk = rows[start : start + self.micro_batch_size]
                     prompts = [requests[i][0] for i, _ in chunk]
-                    seeds = [_row_seed(base_seed, i, j) for i, j in chunk]
+                    seeds = [_row_seed(base_seed, request_offset + i, j) for i, j in chunk]
                     for (i, _), sample in zip(chunk, self._generate_batch(prompts, seeds, sampling)):
                         out[i].append(sample)
         finally:

@@ -90,12 +90,17 @@ class VLLMRolloutEngine:
         self.model_name = model_name or self._served_model()
 
     @classmethod
-    def from_config(cls, config, model_dir: Path, module, output_dir: Path, weight_version: int = 0) -> VLLMRolloutEngine:
+    def from_config(cls, config, model_dir: Path, module, output_dir: Path, weight_version: int = 0):
         """The engine `config.rollout.vllm` (of a TrainConfig) asks for, serving weight version `weight_version`:
         a server launched on `model_dir` (the run's current weights, log in `output_dir`), or the server at
-        `base_url` with `module`'s weights loaded into it."""
+        `base_url` with `module`'s weights loaded into it; with `num_servers > 1` or `base_urls`, a
+        `VLLMServerPool` of them (vllm_pool.py)."""
         check_engine_config(config)
         v = config.rollout.vllm
+        if v.num_servers > 1 or v.base_urls:
+            from ada_core.engines.vllm_pool import VLLMServerPool  # several servers: one pool, same protocol
+
+            return VLLMServerPool.from_config(config, model_dir, module, output_dir, weight_version=weight_version)
         server = None
         if v.base_url is None:
             dtype = v.dtype if v.dtype != "auto" else ("bfloat16" if config.optim.precision == "bf16" else "float32")
@@ -172,13 +177,18 @@ class VLLMRolloutEngine:
         server's pause..resume); raises WeightSyncError naming the failed stage."""
         folder = self._sync_dir / f"v{version}"
         start = time.perf_counter()
-        try:
-            shutil.rmtree(folder, ignore_errors=True)
-            module.save_pretrained(folder, safe_serialization=True)
-        except Exception as err:
-            raise WeightSyncError(f"weight sync to version {version}: writing safetensors to {folder} failed: {err}") from err
+        write_weights(module, folder, version)
         write_s = time.perf_counter() - start
         start = time.perf_counter()
+        try:
+            self.reload_weights(folder, version)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        return {K.SYNC_WRITE_S: write_s, K.SYNC_RELOAD_S: time.perf_counter() - start,
+                K.SYNC_WEIGHT_VERSION: float(version), K.ROLLOUT_NUM_SERVERS: 1.0, K.ROLLOUT_SERVERS_ALIVE: 1.0}
+
+    def reload_weights(self, folder: Path, version: int) -> None:
+        """Steps 2-5 of the sync: the server reloads the safetensors in `folder` as weight version `version`."""
         paused = False
         try:
             self._rpc("/pause", params={"mode": "wait"}, stage="pause", version=version)
@@ -199,10 +209,7 @@ class VLLMRolloutEngine:
                     self._client.post("/resume")
                 except httpx.HTTPError:
                     pass
-            shutil.rmtree(folder, ignore_errors=True)
         self.weight_version = version
-        return {K.SYNC_WRITE_S: write_s, K.SYNC_RELOAD_S: time.perf_counter() - start,
-                K.SYNC_WEIGHT_VERSION: float(version)}
 
     def set_weight_version(self, version: int) -> None:
         """Label the weights the server already holds (a server launched on the run's current folder)."""
@@ -278,6 +285,15 @@ class VLLMRolloutEngine:
             except VLLMServerError as dead:
                 return VLLMServerError(f"{message}\n{dead}")
         return VLLMServerError(message)
+
+
+def write_weights(module, folder: Path, version: int) -> None:
+    """Step 1 of the sync: `module`'s weights as safetensors in `folder` (replacing what was there)."""
+    try:
+        shutil.rmtree(folder, ignore_errors=True)
+        module.save_pretrained(folder, safe_serialization=True)
+    except Exception as err:
+        raise WeightSyncError(f"weight sync to version {version}: writing safetensors to {folder} failed: {err}") from err
 
 
 def parse_completion(prompt: Prompt, k: int, data: dict[str, Any]) -> list[Sample]:

@@ -77,7 +77,7 @@ def check_engine_config(config) -> None:
     if config.rollout.engine != "vllm":
         return
     vllm = config.rollout.vllm
-    if vllm.base_url is None:
+    if vllm.base_url is None and not vllm.base_urls:
         try:
             vllm_python()
         except VLLMServerError as err:

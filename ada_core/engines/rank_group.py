@@ -1,0 +1,410 @@
+"""N DeepSpeed training ranks as Ray actors, behind the same interface as one `DeepSpeedUpdateEngine`.
+
+The driver (the process running `ada_core.trainer`) holds the loop; `RankGroup` stands for the
+ranks. Built in one place (`RankGroup.__init__`), torn down in one place (`close`):
+
+1. Ray: with `distributed.ray_address` None a local Ray is started on this machine with no dashboard,
+   usage stats off, token authentication on (Ray's default) and a 1 GiB object store (weights never go through it: ranks load the model
+   folder from disk, and the driver pulls new weights through a file); otherwise the group joins
+   the cluster at that address. A Ray this group started is stopped by `close`.
+2. One placement group of `num_ranks` bundles (`cpus_per_rank`, `gpus_per_rank`), placed with
+   `placement_strategy`; a group that cannot be placed within `startup_timeout_s` is an error that
+   shows the cluster's resources.
+3. One actor per bundle. Rank 0 picks the rendezvous port on its node; every rank gets RANK,
+   WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, then builds its own DeepSpeedUpdateEngine
+   (gloo on CPU, nccl on CUDA). Each rank's stdout and stderr go to `<log_dir>/rank_<r>.log`.
+
+An update is two rounds of actor calls: every rank recomputes the old log-probs of its share of the
+step's sequences, then every rank runs the planned optimizer steps (`update_plan`) on its share of
+each mini-batch with the global denominators. A rank that dies or raises fails the step with a
+`RankError` naming the rank and showing the last lines of its log.
+
+With the transformers rollout engine, `rollout_engine()` is a `RolloutEngine` that splits each
+round's requests across the ranks (each samples on its own copy of the weights, which data
+parallelism keeps identical), seeded by the global request index, so the samples are the ones one
+rank would draw.
+
+`module` is the driver's copy of the model, refreshed from rank 0 (through a file in /dev/shm)
+when an update has changed the weights since: the checkpoint's `save_pretrained` and the vLLM weight
+sync read it. With ranks on other machines, rank 0 must share the driver's file system (PACK puts
+it on the first node; infra/GPU.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ada_core.engines.deepspeed_engine import _STATE_FILE, DeepSpeedUpdateEngine, check_world_size
+from ada_core.engines.update_plan import (balance_by_tokens, flatten, local_steps, plan_update, update_metrics,
+                                          zero_metrics)
+from ada_core.protocols import SamplingParams
+from ada_core.records import Group, Prompt, Sample
+
+log = logging.getLogger(__name__)
+
+_LOG_TAIL_LINES = 30
+OBJECT_STORE_BYTES = 1 << 30  # Ray's default is 30% of RAM; only sequences and log-probs go through it
+
+
+class RankError(RuntimeError):
+    """A training rank died, raised, or did not answer. The message names the rank and holds its log tail."""
+
+
+def build_update_engine(config, model, model_dir: Path, pad_token_id: int, log_dir: Path):
+    """The update engine `config` (a TrainConfig) asks for: one in-process DeepSpeedUpdateEngine on
+    `model`, or with `distributed.num_ranks > 1` a RankGroup whose ranks load `model_dir` (the same
+    weights) and whose driver copy is `model`."""
+    total_steps = config.steps * config.optim.mini_batches * config.optim.ppo_epochs
+    common = dict(total_steps=total_steps, pad_token_id=pad_token_id, seed=config.seed,
+                  temperature=config.rollout.temperature, max_response_len=config.rollout.max_tokens)
+    if config.distributed.num_ranks == 1:
+        return DeepSpeedUpdateEngine(model, config.loss, config.optim, **common)
+    return RankGroup(model, model_dir, config.loss, config.optim, config.distributed, log_dir=log_dir,
+                     rollout_micro_batch_size=config.rollout.micro_batch_size, **common)
+
+
+def start_ray(distributed) -> bool:
+    """Connect to the configured Ray, or start a local one; False when this process already had Ray."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if distributed.ray_address is None:
+        need = math.ceil(distributed.num_ranks * distributed.cpus_per_rank)
+        # Logical CPUs only bound how many actors Ray places; the ranks' own threads follow cpus_per_rank.
+        # Ray 2.60 turns a 127.0.0.1 node address into the machine's own IP (services.resolve_ip_for_localhost),
+        # so its servers cannot be held to loopback; its token authentication (on by default) guards them.
+        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, need), include_dashboard=False,
+                 object_store_memory=OBJECT_STORE_BYTES, log_to_driver=False, configure_logging=False,
+                 namespace="ada")
+    else:
+        ray.init(address=distributed.ray_address, log_to_driver=False, configure_logging=False, namespace="ada")
+    return True
+
+
+class RankWorker:
+    """One training rank (a Ray actor): a DeepSpeedUpdateEngine in world `world_size`, and an
+    in-process rollout engine on the same weights."""
+
+    def __init__(self, rank: int, world_size: int, log_path: str):
+        self.rank, self.world_size = rank, world_size
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        sys.stdout.reconfigure(line_buffering=True)
+        sys.stderr.reconfigure(line_buffering=True)
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
+                            format=f"%(asctime)s rank {rank} %(levelname)s %(name)s: %(message)s")
+        self.engine: DeepSpeedUpdateEngine | None = None
+        self.rollout = None
+
+    def address(self) -> tuple[str, int, str]:
+        """(node IP, a free port on it, node id): rank 0's is the rendezvous."""
+        import ray
+
+        ip = ray.util.get_node_ip_address()
+        with socket.socket() as s:
+            s.bind((ip, 0))
+            port = s.getsockname()[1]
+        return ip, port, ray.get_runtime_context().get_node_id()
+
+    def setup(self, env: dict[str, str], model_dir: str, loss_cfg, optim_cfg, engine_kwargs: dict[str, Any],
+              rollout_micro_batch_size: int) -> int:
+        from ada_core.engines.transformers_engine import TransformersRolloutEngine
+        from ada_core.models import load_policy
+
+        os.environ.update(env)
+        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+        log.info("rank %d of %d: loading %s (MASTER %s:%s)", self.rank, self.world_size, model_dir,
+                 env["MASTER_ADDR"], env["MASTER_PORT"])
+        model, tokenizer = load_policy(model_dir)
+        self.engine = DeepSpeedUpdateEngine(model, loss_cfg, optim_cfg, **engine_kwargs)
+        if self.engine.world_size != self.world_size:
+            raise RuntimeError(f"rank {self.rank} joined a process group of {self.engine.world_size} ranks, "
+                               f"expected {self.world_size}")
+        self.rollout = TransformersRolloutEngine(self.engine.module, tokenizer, micro_batch_size=rollout_micro_batch_size)
+        return os.getpid()
+
+    def recompute(self, seqs: list[dict]) -> tuple[list[tuple[torch.Tensor, torch.Tensor | None]], float]:
+        start = time.perf_counter()
+        self.engine.recompute(seqs)
+        return [(s["old"], s["ref"]) for s in seqs], time.perf_counter() - start
+
+    def train_steps(self, steps) -> tuple[list[dict[str, float]], float]:
+        return self.engine.train_steps(steps)
+
+    def generate(self, requests: list[tuple[Prompt, int]], sampling: SamplingParams, offset: int) -> list[list[Sample]]:
+        return self.rollout.generate(requests, sampling, request_offset=offset)
+
+    def lr(self) -> float:
+        return self.engine._lr()
+
+    def save(self, directory: str) -> None:
+        self.engine.save(directory)
+
+    def load(self, directory: str, every_rank: list[str]) -> None:
+        self.engine.load(directory, every_rank=every_rank)
+
+    def write_weights(self, path: str) -> None:
+        """The current weights to `path` (torch.save keeps tied tensors tied); written, then renamed."""
+        tmp = f"{path}.tmp"
+        torch.save({k: v.detach().cpu() for k, v in self.engine.module.state_dict().items()}, tmp)
+        os.replace(tmp, path)
+
+
+class RankGroup:
+    """`num_ranks` RankWorker actors in one placement group; the update engine the trainer sees."""
+
+    def __init__(self, module, model_dir: str | Path, loss_cfg, optim_cfg, distributed, *, total_steps: int,
+                 pad_token_id: int, log_dir: str | Path, seed: int = 0, temperature: float = 1.0,
+                 max_response_len: int | None = None, rollout_micro_batch_size: int = 64):
+        if distributed.num_ranks < 2:
+            raise ValueError("RankGroup needs distributed.num_ranks >= 2; one rank runs in-process")
+        if optim_cfg.zero_stage == 3:
+            raise ValueError("optim.zero_stage=3 partitions the parameters, so ranks could not sample or save "
+                             "full weights; use stage 0, 1 or 2")
+        self.loss_cfg, self.optim_cfg, self.distributed = loss_cfg, optim_cfg, distributed
+        self.num_ranks = distributed.num_ranks
+        self.max_response_len = max_response_len
+        self.log_dir = Path(log_dir)
+        self._module = module
+        self._shuffle = torch.Generator().manual_seed(seed)
+        self._steps = 0  # optimizer steps taken (the same on every rank)
+        self._version = self._pulled = 0  # updates done / the update the driver's copy reflects
+        self._started_ray = False
+        self._pg = None
+        self._actors: list[Any] = []
+        self._ray_pids: list[int] = []
+        self.rank_pids: list[int] = []
+        self._weights_dir = Path(tempfile.mkdtemp(prefix="ada-rank-weights-", dir=_shm_root()))
+        engine_kwargs = dict(total_steps=total_steps, pad_token_id=pad_token_id, seed=seed, temperature=temperature,
+                             max_response_len=max_response_len)
+        try:
+            self._start(str(model_dir), engine_kwargs, rollout_micro_batch_size)
+        except BaseException:
+            self.close()
+            raise
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def _start(self, model_dir: str, engine_kwargs: dict[str, Any], rollout_micro_batch_size: int) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        cfg, started = self.distributed, time.perf_counter()
+        if cfg.ray_address is None and not ray.is_initialized() and cfg.gpus_per_rank > 0:
+            need, have = cfg.gpus_per_rank * self.num_ranks, torch.cuda.device_count()
+            if need > have:  # a local Ray only has this machine's GPUs: fail now, not after the placement timeout
+                raise RankError(f"distributed: {self.num_ranks} ranks x gpus_per_rank={cfg.gpus_per_rank:g} need "
+                                f"{need:g} GPUs, this machine has {have}; lower distributed.num_ranks or gpus_per_rank")
+        self._started_ray = start_ray(cfg)
+        if self._started_ray:
+            node = ray._private.worker._global_node
+            self._ray_pids = [p.process.pid for infos in (node.all_processes if node else {}).values() for p in infos]
+        bundle = {"CPU": cfg.cpus_per_rank, **({"GPU": cfg.gpus_per_rank} if cfg.gpus_per_rank > 0 else {})}
+        self._pg = placement_group([bundle] * self.num_ranks, strategy=cfg.placement_strategy)
+        ready, _ = ray.wait([self._pg.ready()], timeout=cfg.startup_timeout_s)
+        if not ready:
+            raise RankError(f"distributed: a placement group of {self.num_ranks} ranks x {bundle} "
+                            f"({cfg.placement_strategy}) could not be placed within {cfg.startup_timeout_s:.0f}s; "
+                            f"the Ray cluster has {ray.cluster_resources()}. Lower distributed.num_ranks, "
+                            "cpus_per_rank or gpus_per_rank, or add nodes")
+        worker = ray.remote(RankWorker)
+        self._actors = [
+            worker.options(num_cpus=cfg.cpus_per_rank, num_gpus=cfg.gpus_per_rank, max_restarts=0,
+                           scheduling_strategy=PlacementGroupSchedulingStrategy(
+                               self._pg, placement_group_bundle_index=r)).remote(r, self.num_ranks, str(self._log(r)))
+            for r in range(self.num_ranks)
+        ]
+        addresses = self._gather([a.address.remote() for a in self._actors], "start", timeout=cfg.startup_timeout_s)
+        master_addr, master_port = addresses[0][0], addresses[0][1]
+        seen: dict[str, int] = {}
+        envs = []
+        for r, (_, _, node_id) in enumerate(addresses):
+            local = seen.get(node_id, 0)
+            seen[node_id] = local + 1
+            envs.append({
+                "RANK": str(r), "WORLD_SIZE": str(self.num_ranks), "MASTER_ADDR": master_addr,
+                "MASTER_PORT": str(master_port),
+                # Ray pins a GPU rank to its own GPU through CUDA_VISIBLE_DEVICES, where it is device 0.
+                "LOCAL_RANK": "0" if cfg.gpus_per_rank > 0 else str(local),
+            })
+        self.rank_pids = self._gather(
+            [a.setup.remote(envs[r], model_dir, self.loss_cfg, self.optim_cfg, engine_kwargs, rollout_micro_batch_size)
+             for r, a in enumerate(self._actors)], "setup", timeout=cfg.startup_timeout_s)
+        log.info("%d training ranks up in %.1fs (rendezvous %s:%d, logs in %s)", self.num_ranks,
+                 time.perf_counter() - started, master_addr, master_port, self.log_dir)
+
+    def close(self) -> None:
+        """Stop the rank actors and the placement group, and the Ray this group started. Idempotent."""
+        actors, self._actors = self._actors, []
+        pg, self._pg = self._pg, None
+        if actors or pg is not None or self._started_ray:
+            import ray
+
+            for actor in actors:
+                try:
+                    ray.kill(actor)
+                except Exception:  # noqa: BLE001 - an actor already dead is what we want
+                    pass
+            if pg is not None:
+                try:
+                    ray.util.remove_placement_group(pg)
+                except Exception:  # noqa: BLE001
+                    pass
+            if self._started_ray:
+                ray.shutdown()
+                self._started_ray = False
+        shutil.rmtree(self._weights_dir, ignore_errors=True)
+
+    def process_ids(self) -> dict[str, list[int]]:
+        """The rank actors' pids, and the pids of the Ray processes this group started (empty when it joined)."""
+        return {"ranks": list(self.rank_pids), "ray": list(self._ray_pids)}
+
+    # --- the update-engine interface ---------------------------------------------------------------
+
+    @property
+    def world_size(self) -> int:
+        return self.num_ranks
+
+    @property
+    def optimizer_steps(self) -> int:
+        return self._steps
+
+    @property
+    def module(self):
+        """The driver's copy of the model with the ranks' current weights (pulled from rank 0 when stale)."""
+        if self._pulled != self._version:
+            path = self._weights_dir / "weights.pt"
+            self._gather([self._actors[0].write_weights.remote(str(path))], "weight pull", ranks=[0])
+            self._module.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+            path.unlink()
+            self._pulled = self._version
+        return self._module
+
+    def update(self, groups: list[Group]) -> dict[str, float]:
+        """One training step over every rank; the same metrics as DeepSpeedUpdateEngine.update."""
+        tis = self.loss_cfg.tis_cap is not None
+        seqs = flatten(groups)
+        if not seqs:
+            lr = self._gather([self._actors[0].lr.remote()], "lr", ranks=[0])[0]
+            return zero_metrics(lr=lr, tis=tis, world_size=self.num_ranks)
+        by_group: dict[int, list[int]] = {}
+        for i, s in enumerate(seqs):
+            by_group.setdefault(s["group"], []).append(i)
+        members = list(by_group.values())
+        costs = [sum(len(seqs[i]["prompt"]) + len(seqs[i]["completion"]) for i in m) for m in members]
+        shares = balance_by_tokens(members, costs, self.num_ranks)
+        busy = [r for r in range(self.num_ranks) if shares[r]]
+        answers = self._gather([self._actors[r].recompute.remote([seqs[i] for i in shares[r]]) for r in busy],
+                               "old log-prob recompute", ranks=busy)
+        recompute_s = [0.0] * self.num_ranks
+        for r, (values, seconds) in zip(busy, answers):
+            recompute_s[r] = seconds
+            for i, (old, ref) in zip(shares[r], values):
+                seqs[i]["old"], seqs[i]["ref"] = old, ref
+        plan = plan_update(seqs, len(groups), self._shuffle, self.optim_cfg, self.loss_cfg,
+                           world_size=self.num_ranks, max_response_len=self.max_response_len)
+        trained = self._gather([a.train_steps.remote(local_steps(seqs, plan, r)) for r, a in enumerate(self._actors)],
+                               "update")
+        self._steps += len(plan)
+        self._version += 1
+        return update_metrics(seqs, [results for results, _ in trained],
+                              [{"recompute_s": recompute_s[r], "optimize_s": trained[r][1]} for r in range(self.num_ranks)],
+                              world_size=self.num_ranks, tis=tis)
+
+    def save(self, directory: str | Path) -> Path:
+        """Every rank's optimizer state (`rank_<r>/`), and the driver's shuffle RNG and step count."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self._gather([a.save.remote(str(directory / f"rank_{r}")) for r, a in enumerate(self._actors)], "save")
+        torch.save({"world_size": self.num_ranks, "shuffle_rng": self._shuffle.get_state(),
+                    "global_steps": self._steps, "zero_stage": self.optim_cfg.zero_stage,
+                    "precision": self.optim_cfg.precision}, directory / _STATE_FILE)
+        return directory
+
+    def load(self, directory: str | Path) -> None:
+        path = Path(directory) / _STATE_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"no update-engine state at {path}")
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        check_world_size(path, state.get("world_size", 1), self.num_ranks)
+        folders = [str(Path(directory) / f"rank_{r}") for r in range(self.num_ranks)]
+        self._gather([a.load.remote(folders[r], folders) for r, a in enumerate(self._actors)], "load")
+        self._shuffle.set_state(state["shuffle_rng"])
+        self._steps = int(state["global_steps"])
+
+    def rollout_engine(self):
+        """A RolloutEngine whose rounds are split across the ranks (rank_rollout.py)."""
+        from ada_core.engines.rank_rollout import RankRolloutEngine
+
+        return RankRolloutEngine(self)
+
+    def generate_on(self, rank_runs: list[tuple[int, list, int]], sampling: SamplingParams) -> list:
+        """Each (rank, requests, first index) run sampled on that rank, in parallel; answers in run order."""
+        return self._gather([self._actors[r].generate.remote(requests, sampling, offset) for r, requests, offset in rank_runs],
+                            "rollout", ranks=[r for r, _, _ in rank_runs])
+
+    # --- plumbing --------------------------------------------------------------------------------
+
+    def _log(self, rank: int) -> Path:
+        return self.log_dir / f"rank_{rank}.log"
+
+    def _tail(self, rank: int) -> str:
+        path = self._log(rank)
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            return f"(no log at {path})"
+        return f"last {min(_LOG_TAIL_LINES, len(lines))} lines of {path}:\n" + "\n".join(lines[-_LOG_TAIL_LINES:])
+
+    def _gather(self, refs: list, what: str, ranks: Sequence[int] | None = None, timeout: float | None = None) -> list:
+        """ray.get on one call per rank, in rank order. The first rank to fail is reported, not the
+        ranks left waiting for it in a collective."""
+        import ray
+
+        ranks = list(range(len(refs))) if ranks is None else list(ranks)
+        index = {ref: i for i, ref in enumerate(refs)}
+        results: list[Any] = [None] * len(refs)
+        pending = list(refs)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+            if not ready:
+                late = [ranks[index[ref]] for ref in pending]
+                raise RankError(f"{what}: rank(s) {late} did not answer within {timeout:.0f}s\n"
+                                + "\n".join(self._tail(r) for r in late))
+            for ref in ready:
+                rank = ranks[index[ref]]
+                try:
+                    results[index[ref]] = ray.get(ref)
+                except ray.exceptions.RayActorError as err:
+                    raise RankError(f"{what}: training rank {rank} died ({type(err).__name__}: "
+                                    f"{str(err).splitlines()[0] if str(err) else ''})\n{self._tail(rank)}") from None
+                except ray.exceptions.RayTaskError as err:
+                    cause = err.cause if getattr(err, "cause", None) is not None else err
+                    raise RankError(f"{what}: training rank {rank} raised {type(cause).__name__}: {cause}\n"
+                                    f"{self._tail(rank)}") from None
+        return results
+
+
+def _shm_root() -> Path:
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() else Path(tempfile.gettempdir())
