@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ada_core.config import PRESETS, ConfigError, TrainConfig, build_config
 
-Preset = Literal["grpo", "dapo", "ada-pos", "ada-balance"]
+Preset = Literal["grpo", "dapo", "ada-pos", "ada-balance", "ada-est", "ada-budget"]
 Profile = Literal["tiny", "smollm2-135m", "paper"]
 Engine = Literal["transformers", "vllm"]
 
@@ -83,7 +83,7 @@ class RunSettings(_Params):
 class TrainParams(RunSettings):
     """One training run of one variant."""
 
-    preset: Preset = Field("ada-balance", description="Algorithm preset: grpo, dapo, ada-pos or ada-balance.")
+    preset: Preset = Field("ada-balance", description="Algorithm preset: grpo, dapo, ada-pos, ada-balance, ada-est or ada-budget.")
     seed: int = Field(0, description="Training seed (data order, sampling, initialisation).")
     variant: str | None = Field(
         None, description="Variant name for params, reports and registry tags (e.g. grpo-matched); empty = preset."
