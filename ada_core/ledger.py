@@ -24,6 +24,7 @@ the comparison report.
 from __future__ import annotations
 
 import datetime as dt
+import importlib.util
 import json
 import os
 import queue
@@ -75,6 +76,15 @@ def shown_url(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
+def create_engine(url: str) -> Engine:
+    """An SQLAlchemy engine; a bare `postgresql://` URL uses psycopg2 (what the project installs) when
+    psycopg 3, SQLAlchemy 2.1's default driver, is not there."""
+    parsed = make_url(url)
+    if parsed.drivername == "postgresql" and importlib.util.find_spec("psycopg") is None:
+        parsed = parsed.set(drivername="postgresql+psycopg2")
+    return sa.create_engine(parsed)
+
+
 def migrate(engine: Engine) -> None:
     """Create or upgrade the schema to the newest Alembic revision (idempotent)."""
     from alembic import command
@@ -92,7 +102,7 @@ def open_engine(url: str) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-    engine = sa.create_engine(url, future=True)
+    engine = create_engine(url)
     if parsed.get_backend_name() == "sqlite":
         sa.event.listen(engine, "connect", lambda conn, _: conn.execute("PRAGMA foreign_keys=ON"))
     try:
@@ -233,7 +243,7 @@ def run_ledger(run_dir: str | Path, url: str | None = None) -> tuple[str, str]:
 def read_rows(run_dir: str | Path, url: str | None = None) -> list[dict[str, Any]]:
     """Every ledger row of the run in `run_dir`, ordered by (step, prompt)."""
     url, run_id = run_ledger(run_dir, url)
-    engine = sa.create_engine(url, future=True)
+    engine = create_engine(url)
     try:
         with engine.connect() as conn:
             result = conn.execute(sa.select(*[rows_table.c[c] for c in COLUMNS])
