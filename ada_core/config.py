@@ -252,6 +252,11 @@ class DataConfig(_Strict):
     pass_rate_ceiling: float = Field(
         0.3125, gt=0.0, le=1.0, description="Difficulty filter keeps 0 < pass rate <= this. Paper easy: 0.3125."
     )
+    train_pool: int | None = Field(
+        None, ge=1,
+        description="Train on only the first this-many training prompts (after the held-out split), reused over "
+        "epochs: the paper's fixed-pool regime. None = all of them. Ours.",
+    )
 
 
 class LedgerConfig(_Strict):

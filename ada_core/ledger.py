@@ -10,8 +10,9 @@ prompts never resolve, how pass rates move as the policy learns, what a budgeted
 - Schema: created and upgraded by Alembic (ada_core/ledger_migrations, version table
   `ada_ledger_alembic_version`) the first time a run opens the database. A new migration is one
   more file in ledger_migrations/versions/ with `down_revision` set to the previous one.
-- Writes: the trainer hands each step's pools to `Ledger.record` after the update; a writer thread
-  does one batched INSERT per step, so the sampler's hot path never waits on the database.
+- Writes: the trainer hands each step's pools to `Ledger.record` after the update (one queue put);
+  a writer thread builds the rows and does one batched INSERT per step, so neither the sampler nor
+  the loop waits on the database.
   `flush` (called before every checkpoint) waits until every submitted step is committed.
 - Resume: the checkpoint carries the run id; resuming deletes that run's rows after the checkpoint
   step (a crash may have written some) and continues, so each (step, prompt) appears once. Resuming
@@ -179,19 +180,23 @@ class Ledger:
 
     # -- writing ------------------------------------------------------------------------------------
     def record(self, step: int, pools: Iterable[PromptPool], trained_ids: set[str]) -> None:
-        """Queue one step's rows (built here, cheaply; written by the thread). Raises a writer error."""
+        """Queue one step's pools; the writer thread builds the rows and inserts them. Raises a writer error.
+
+        The pools are only read, and nothing changes them after their step, so handing them over
+        costs the loop one queue put."""
         self._raise_if_failed()
-        rows = pool_rows(pools, trained_ids, self.threshold)
-        for row in rows:
-            row["run_id"], row["step"] = self.run_id, step
-        self._queue.put(rows)
+        self._queue.put((step, list(pools), trained_ids))
 
     def _write_loop(self) -> None:
         while True:
-            rows = self._queue.get()
+            item = self._queue.get()
             try:
-                if rows is None:
+                if item is None:
                     return
+                step, pools, trained_ids = item
+                rows = pool_rows(pools, trained_ids, self.threshold)
+                for row in rows:
+                    row["run_id"], row["step"] = self.run_id, step
                 if self._error is None and rows:
                     with self.engine.begin() as conn:
                         conn.execute(sa.insert(rows_table), rows)  # one executemany: a batched INSERT

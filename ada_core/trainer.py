@@ -124,6 +124,8 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
 
     prompts = load_prompts(config.data.dataset, size=config.data.train_size + config.data.eval_size, seed=config.seed)
     train_prompts, eval_prompts = split_prompts(prompts, eval_size=config.data.eval_size, seed=config.seed)
+    if config.data.train_pool is not None:
+        train_prompts = train_prompts[: config.data.train_pool]  # the fixed pool reused over epochs
 
     if checkpoint is not None:
         model_dir = checkpoint / "hf"

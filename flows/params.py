@@ -119,6 +119,15 @@ class CompareParams(RunSettings):
         "(needs ada-balance in variants).",
     )
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="Training seeds.")
+    regimes: list[Literal["default", "pool", "fresh"]] = Field(
+        default_factory=lambda: ["default"], min_length=1,
+        description="Data regimes, each run for every variant and seed: `default` = the data as configured; "
+        "`pool` = a fixed pool of `pool_prompts` training prompts reused over epochs (the paper's regime); "
+        "`fresh` = every training prompt (steps x prompts_per_step must fit, so none repeats). Labels get the "
+        "regime as a prefix (`pool-grpo`) unless it is `default`.",
+    )
+    pool_prompts: int = Field(256, ge=1, description="pool regime: training prompts reused over epochs (data.train_pool).")
+    reference: str = Field("grpo", min_length=1, description="The variant every other is paired against in the report.")
     register_as: str = Field("ada-policy", min_length=1, description="Registered model name for the best policy.")
     alias: str = Field("champion", min_length=1, description="Alias pointed at the best policy's version.")
 
@@ -128,6 +137,8 @@ class CompareParams(RunSettings):
             raise ValueError("matched_grpo: needs 'ada-balance' in variants (its samples per step set the budget)")
         if len(set(self.variants)) != len(self.variants):
             raise ValueError(f"variants: each preset once, got {self.variants}")
+        if len(set(self.regimes)) != len(self.regimes):
+            raise ValueError(f"regimes: each regime once, got {self.regimes}")
         return self
 
 
