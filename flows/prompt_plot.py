@@ -63,8 +63,7 @@ def plot_prompt_ledger(runs: list[RunCurves], out: Path) -> Path | None:
     cols = min(3, len(panels))
     nrows = -(-len(panels) // cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4.6 * cols, 3.8 * nrows), squeeze=False)
-    cmap = plt.get_cmap("viridis").copy()
-    cmap.set_bad("#d9d9d9")
+    cmap = plt.get_cmap("viridis").with_extremes(bad="#d9d9d9")
     image = None
     for ax, (label, (seed, rows)) in zip(axes.flat, panels.items()):
         matrix, resolved, total, edges = pass_rate_matrix(rows)
