@@ -113,7 +113,9 @@ def compare(params: CompareParams = CompareParams()) -> dict[str, Any]:
                         child = child_params(params, "grpo", seed, matched, uri, parent_id, group_dir,
                                              extra_overrides=extra, prompts_per_step=prompts)
                         results.append(run_child(child))
-                        client.log_param(parent_id, f"matched_prompts_per_step_{regime}_s{seed}", prompts)
+                        key = f"matched_prompts_per_step_s{seed}" if regime == "default" else \
+                            f"matched_prompts_per_step_{regime}_s{seed}"
+                        client.log_param(parent_id, key, prompts)
         labels = [regime_label(r, v) for r in params.regimes for v in [*params.variants, MATCHED_LABEL]]
         summary = finish_group(client, parent_id, "compare", results, group_dir, params.register_as, params.alias,
                                label_order=labels, reference=params.reference)
