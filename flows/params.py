@@ -198,7 +198,7 @@ class EvaluateParams(_Params):
             data["eval_size"] = self.eval_size
         overrides: dict[str, Any] = {
             "model": model_dir, "sft_steps": 0, "eval_k": self.k, "seed": self.seed, "steps": 1,
-            "rollout": {"engine": self.engine}, "data": data,
+            "rollout": {"engine": self.engine}, "data": data, "ledger": {"enabled": False},  # no training steps
         }
         if self.temperature is not None:
             overrides["eval_temperature"] = self.temperature
