@@ -62,7 +62,7 @@ def plot_prompt_ledger(runs: list[RunCurves], out: Path) -> Path | None:
         return None
     cols = min(3, len(panels))
     nrows = -(-len(panels) // cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(4.6 * cols, 3.8 * nrows), squeeze=False)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.8 * cols + 1, 4.0 * nrows), squeeze=False, layout="constrained")
     cmap = plt.get_cmap("viridis").with_extremes(bad="#d9d9d9")
     image = None
     for ax, (label, (seed, rows)) in zip(axes.flat, panels.items()):
@@ -70,9 +70,9 @@ def plot_prompt_ledger(runs: list[RunCurves], out: Path) -> Path | None:
         image = ax.imshow(matrix, aspect="auto", interpolation="nearest", cmap=cmap, vmin=0, vmax=1,
                           extent=(edges[0], edges[-1], len(matrix), 0))
         ax.axhline(resolved, color="white", linewidth=1.2)
-        ax.set_title(f"{label} (seed {seed}): {total - resolved} of {total} never resolved", fontsize=9)
+        ax.set_title(f"{label} (seed {seed})\n{total - resolved} of {total} prompts never resolved", fontsize=9)
         ax.set_xlabel("training step")
-        ax.set_ylabel("prompts (resolved above the line)")
+        ax.set_ylabel("prompts (resolved above the line)", fontsize=8)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     if image is not None:
