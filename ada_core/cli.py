@@ -7,6 +7,10 @@ from pathlib import Path
 
 import typer
 
+# Every bad input (config value, YAML file, dataset file or row) exits with this code and one clean
+# line on stderr, the same code typer gives a bad option.
+INPUT_ERROR_EXIT = 2
+
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Reinforce-Ada experiment platform.")
 
 
@@ -81,10 +85,10 @@ def train(
     engine: str | None = typer.Option(None, help="Rollout engine: transformers, or vllm (a server from `make vllm-env`)."),
 ) -> None:
     """Train one policy with one preset; metrics go to <output-dir>/metrics.jsonl."""
-    from ada_core.config import ConfigError, build_config, deep_merge, parse_set
+    from ada_core.config import InputError, build_config, deep_merge, parse_set
     from ada_core.engines.vllm_server import check_engine_config
     from ada_core.paths import runs_dir
-    from ada_core.run_dir import RunDirError, check_run_dir
+    from ada_core.run_dir import check_run_dir
     from ada_core.trainer import train as run_training
 
     overrides: dict = {}
@@ -96,17 +100,19 @@ def train(
     if engine is not None:
         overrides["rollout"] = {"engine": engine}
     try:
-        overrides = deep_merge(overrides, parse_set(set_))
+        try:
+            overrides = deep_merge(overrides, parse_set(set_))
+        except ValueError as err:  # a malformed --set is input too
+            raise InputError(str(err)) from None
         cfg = build_config(preset, profile, config_file=config, overrides=overrides)
         check_engine_config(cfg)
-    except (ConfigError, ValueError) as err:
-        raise typer.BadParameter(str(err)) from None
-    out = output_dir or resume or runs_dir() / f"{preset}-seed{cfg.seed}"
-    try:
+        # Not created yet: a run that fails on its input leaves nothing behind under ADA_HOME.
+        out = output_dir or resume or runs_dir(create=False) / f"{preset}-seed{cfg.seed}"
         check_run_dir(out, resume=resume, overwrite=overwrite)  # before any model or data is built
-    except RunDirError as err:
-        raise typer.BadParameter(str(err), param_hint="--output-dir") from None
-    last = run_training(cfg, out, resume=resume, overwrite=overwrite)
+        last = run_training(cfg, out, resume=resume, overwrite=overwrite)
+    except InputError as err:  # config, YAML, dataset and run-folder errors alike
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(INPUT_ERROR_EXIT) from None
     typer.echo(json.dumps({k: round(v, 4) for k, v in sorted(last.items())}, indent=1))
     typer.echo(f"run directory: {out}")
 

@@ -17,8 +17,9 @@ import copy
 import json
 import os
 import re
+import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from ada_core.records import Prompt
 
 PROMPTS_FILE = "prompts.jsonl"
 REPORT_FILE = "report.json"
+ARROW_DIR = "dataset"  # the same prompts as a Hugging Face dataset (`datasets.load_from_disk`)
 
 # LaTeX that changes spacing or bracket size, not meaning: `\,` `\;` `\:` `\!` `\ ` `\quad` `\left`...
 _LATEX_SPACING = re.compile(r"\\[,;:! ]|\\q?quad\b|\\(?:left|right|displaystyle)\b|~")
@@ -60,11 +62,18 @@ class CurationResult:
 
 
 def dedup(prompts: Sequence[Prompt]) -> tuple[list[Prompt], dict[str, Any]]:
-    """Keep the first prompt of each normalised text; later copies are dropped as `duplicate`."""
+    """Keep the first prompt of each normalised text; later copies are dropped as `duplicate`.
+
+    The normalised texts come from a fingerprint-cached `datasets.map` (`hf.text_keys`), so a
+    second curation of the same pool skips the regexes.
+    """
+    from ada_core.data import prompts_digest
+    from ada_core.hf import text_keys
+
+    keys = text_keys(prompts, normalise_text, prompts_digest(prompts)) if prompts else []
     first: dict[str, str] = {}
     kept, duplicate_of = [], {}
-    for p in prompts:
-        key = normalise_text(p.text)
+    for p, key in zip(prompts, keys):
         if key in first:
             duplicate_of[p.id] = first[key]
         else:
@@ -93,11 +102,13 @@ def pass_rates(
     k: int,
     positive_threshold: float = 0.7,
     chunk_prompts: int = 64,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, float]:
     """Fraction of k samples per prompt whose reward exceeds `positive_threshold`.
 
     Prompts go to the engine `chunk_prompts` at a time, chunk c with seed `sampling.seed + c`,
-    so a long curation shows progress and stays reproducible.
+    so a long curation shows progress and stays reproducible. `progress(done, total)` is called
+    with the prompts scored so far after each chunk (the flows turn it into a Prefect artifact).
     """
     from tqdm.auto import tqdm
 
@@ -115,6 +126,8 @@ def pass_rates(
         for i, p in enumerate(chunk):
             rewards = [v.reward for v in verdicts[i * k : (i + 1) * k]]
             rates[p.id] = sum(r > positive_threshold for r in rewards) / k
+        if progress is not None:
+            progress(min(start + chunk_prompts, len(prompts)), len(prompts))
     return rates
 
 
@@ -127,6 +140,7 @@ def curate(
     ceiling: float = 0.3125,
     seed: int = 0,
     positive_threshold: float = 0.7,
+    progress: Callable[[int, int], None] | None = None,
 ) -> CurationResult:
     """Dedup, drop unparseable answers, then keep prompts with 0 < pass rate <= ceiling.
 
@@ -147,7 +161,7 @@ def curate(
     stages.append(stage)
     kept, stage = verifiable(kept, verifier)
     stages.append(stage)
-    rates = pass_rates(kept, engine, verifier, replace(sampling, seed=seed), k, positive_threshold)
+    rates = pass_rates(kept, engine, verifier, replace(sampling, seed=seed), k, positive_threshold, progress=progress)
     never = [p.id for p in kept if rates[p.id] == 0.0]
     easy = [p.id for p in kept if rates[p.id] > ceiling]
     survivors = []
@@ -187,10 +201,14 @@ def _stage(name: str, n_in: int, kept: Sequence[Prompt], dropped: dict[str, list
 
 
 def save_curated(result: CurationResult, directory: str | Path) -> Path:
-    """Write `prompts.jsonl` (Prompt records without token ids) and `report.json`, each atomically.
+    """Write `prompts.jsonl` (Prompt records without token ids), `report.json` and `dataset/`, each atomically.
 
-    `data.load_prompts(directory)` reads the set back as training prompts.
+    `data.load_prompts(directory)` reads the set back as training prompts from prompts.jsonl (the
+    file its digest is taken of); `dataset/` holds the same records as an Arrow dataset written by
+    `save_to_disk` (meta as JSON), for `datasets.load_from_disk` and notebooks.
     """
+    from ada_core.hf import save_prompts
+
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     lines = []
@@ -198,8 +216,17 @@ def save_curated(result: CurationResult, directory: str | Path) -> Path:
         record = asdict(p)
         record.pop("prompt_ids")  # tokenizer-specific; the trainer re-encodes
         lines.append(json.dumps(record, ensure_ascii=False))
-    _atomic_write(out / PROMPTS_FILE, "".join(line + "\n" for line in lines))
-    _atomic_write(out / REPORT_FILE, json.dumps(result.report, indent=2, ensure_ascii=False) + "\n")
+    staged = Path(tempfile.mkdtemp(prefix=f".{ARROW_DIR}.", dir=out))
+    try:
+        save_prompts(result.prompts, staged / ARROW_DIR)  # first: a failure here changes nothing
+        _atomic_write(out / PROMPTS_FILE, "".join(line + "\n" for line in lines))
+        _atomic_write(out / REPORT_FILE, json.dumps(result.report, indent=2, ensure_ascii=False) + "\n")
+        old = out / ARROW_DIR
+        if old.exists():
+            old.rename(staged / "old")
+        (staged / ARROW_DIR).rename(old)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
     return out
 
 

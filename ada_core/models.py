@@ -234,15 +234,30 @@ def format_prompt_ids(tokenizer, prompt: Prompt) -> list[int]:
     return bos + list(ids)
 
 
-def encode_prompts(tokenizer, prompts: Sequence[Prompt]) -> None:
+# No tokenizer we use averages more than this many characters per token over a long text, so a text
+# past max_tokens * this is over the limit without tokenising it (one 50 MB prompt took 8+ GB to tokenise).
+MAX_CHARS_PER_TOKEN = 32
+
+
+def encode_prompts(tokenizer, prompts: Sequence[Prompt], max_tokens: int | None = None) -> list[Prompt]:
     """Fill `prompt.prompt_ids` in place, and `meta["answer_format"]` to match how it was posed.
 
     A chat prompt asks for `\\boxed{}`, so its answer format becomes `boxed` even for arithmetic,
-    whose bare `plain` answers would never match a chat model's sentence.
+    whose bare `plain` answers would never match a chat model's sentence. With `max_tokens`, prompts
+    whose ids (template included) would be longer are left out of the returned list, which is
+    otherwise `prompts`; a text too long to possibly fit is rejected before it is tokenised.
     """
+    kept = []
     for prompt in prompts:
+        if max_tokens is not None and len(prompt.text) > max_tokens * MAX_CHARS_PER_TOKEN:
+            continue
         prompt.prompt_ids = format_prompt_ids(tokenizer, prompt)
         prompt.meta["answer_format"] = answer_format(tokenizer, prompt)
+        if max_tokens is None or len(prompt.prompt_ids) <= max_tokens:
+            kept.append(prompt)
+        else:
+            prompt.prompt_ids = []
+    return kept
 
 
 def answer_format(tokenizer, prompt: Prompt) -> str:
@@ -270,6 +285,7 @@ def sft_warm_start(
     seed: int = 0,
     out_dir: str | Path | None = None,
     num_threads: int | None = 1,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Path:
     """Supervised warm start on prompt + answer + eos, with the loss on the answer and eos tokens.
 
@@ -279,6 +295,7 @@ def sft_warm_start(
     `ADA_HOME/cache/sft/<key>`). `num_threads` caps torch's threads while training (restored after):
     the tiny model's steps are too small to share, and on a busy 2-core machine two threads ran
     7x slower than one (docs/BENCHMARKS.md `## Models`). None keeps torch's setting.
+    `progress(done, total)` is called after each step (not on a cache hit).
 
     Tiny on 2,048 `arithmetic` prompts, 600 steps (~75 s): 48% sampled pass rate on those prompts
     and 26% on held-out ones at T=1. It partly memorises a small pool: the gap grows with steps
@@ -299,13 +316,13 @@ def sft_warm_start(
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     try:
-        return _train_sft(base, prompts, steps, batch_size, lr, seed, out, marker)
+        return _train_sft(base, prompts, steps, batch_size, lr, seed, out, marker, progress)
     finally:
         torch.set_num_threads(threads)
 
 
 def _train_sft(base: Path, prompts: list[Prompt], steps: int, batch_size: int, lr: float, seed: int, out: Path,
-               marker: dict) -> Path:
+               marker: dict, progress: Callable[[int, int], None] | None = None) -> Path:
     from tqdm.auto import tqdm
 
     model, tokenizer = load_policy(base)
@@ -316,7 +333,9 @@ def _train_sft(base: Path, prompts: list[Prompt], steps: int, batch_size: int, l
     model.train()
     perm, cursor, start = torch.randperm(len(prompts), generator=order), 0, time.perf_counter()
     bar = tqdm(range(steps), desc=f"sft {base.name}", unit="step")
-    for _ in bar:
+    for done in bar:
+        if progress is not None and done:
+            progress(done, steps)
         if cursor + batch_size > len(perm):  # next epoch: a fresh permutation
             perm, cursor = torch.randperm(len(prompts), generator=order), 0
         idx = perm[cursor : cursor + batch_size]
@@ -329,6 +348,8 @@ def _train_sft(base: Path, prompts: list[Prompt], steps: int, batch_size: int, l
         loss.backward()
         optimizer.step()
         bar.set_postfix(loss=f"{loss.item():.3f}")
+    if progress is not None:
+        progress(steps, steps)
     model.eval()
     seconds = time.perf_counter() - start
 

@@ -74,6 +74,11 @@ class PromptSource:
     def __len__(self) -> int:
         return len(self._prompts)
 
+    @property
+    def prompts(self) -> list[Prompt]:
+        """The training prompts in their input order (not the epoch's order)."""
+        return list(self._prompts)
+
     def take(self, k: int) -> list[Prompt]:
         """The next k distinct prompts. A batch never straddles two epochs: when fewer than k are left,
         the rest of the epoch is skipped (drop-last), so a step never sees one prompt twice."""

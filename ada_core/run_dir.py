@@ -16,12 +16,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from ada_core.config import InputError
+
 # What marks a folder as holding a run: any one of these is enough.
 RUN_FILES = ("config.yaml", "metrics.jsonl", "generations.jsonl")
 RUN_DIRS = ("checkpoints",)
 
 
-class RunDirError(ValueError):
+class RunDirError(InputError, ValueError):
     """A run folder that cannot be written as asked; the message names it and says what to do."""
 
 

@@ -4,6 +4,9 @@ then the report and the registration of the best policy.
 Each child is a `train` subflow run (its own task runs in the Prefect UI) and an MLflow child run
 (`mlflow.parentRunId` = the parent). The report is written from the children's run directories,
 logged on the parent under `report/`, and published as a Prefect markdown artifact.
+
+A group with `resume` reopens its folder and parent run; each child then runs through `run_child`,
+which skips a child that finished (its result.json) and resumes one that started.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from ada_core import metrics as K
-from flows import tracking
+from ada_core.paths import runs_dir
+from flows import links, tracking
+from flows import resume as resuming
 from flows.params import RunSettings, TrainParams, flatten_dotted
 from flows.report import load_run, write_report
+from flows.runtime import run_stamp
 from flows.train import train
 
 
@@ -34,13 +40,49 @@ def child_params(settings: RunSettings, preset: str, seed: int, label: str, trac
     if prompts_per_step is not None:
         shared["prompts_per_step"] = prompts_per_step
     return TrainParams(
-        **shared, preset=preset, seed=seed, variant=label, run_name=f"{label}-s{seed}",
+        **shared, preset=preset, seed=seed, variant=label, run_name=f"{group_dir.name}/{label}-s{seed}",
         parent_run_id=parent_run_id, output_dir=str(group_dir / f"{label}-s{seed}"),
     )
 
 
 def run_child(params: TrainParams) -> dict[str, Any]:
+    params, done = plan_child(params)
+    if done is not None:
+        return done
     return train.with_options(flow_run_name=params.run_name)(params)
+
+
+def plan_child(params: TrainParams) -> tuple[TrainParams, dict[str, Any] | None]:
+    """A child of a resumed group: finished -> (params, its result), not rerun; started (its folder
+    exists) -> params with `resume` set to that folder; else unchanged params to run from scratch."""
+    out = Path(params.output_dir)
+    done = resuming.finished_result(out)
+    if done is not None:
+        get_run_logger().info("%s finished in an earlier attempt: skipped", params.run_name)
+        return params, done
+    if out.is_dir():
+        return params.model_copy(update={"resume": str(out)}), None
+    return params, None
+
+
+def group_tags(kind: str) -> dict[str, str]:
+    """The parent run's tags: its flow, and the process and Prefect flow run that own it (flows/resume.py)."""
+    from prefect.runtime import flow_run
+
+    return {"ada.flow": kind, resuming.FLOW_RUN: str(flow_run.get_id() or ""), **resuming.process_tags()}
+
+
+def group_folder(settings: RunSettings, kind: str, uri: str) -> tuple[Path, str | None]:
+    """(group folder, parent MLflow run to reopen): a new folder and None, or those of `settings.resume`,
+    whose dead parent run is marked KILLED first."""
+    resume = getattr(settings, "resume", None)
+    if not resume:
+        return runs_dir() / f"{kind}-{run_stamp()}", None
+    client = MlflowClient(uri)
+    target = resuming.resolve(resume, client, settings.experiment)
+    if target.run_id is not None:
+        resuming.take_over(client, target.run_id)
+    return target.run_dir, target.run_id
 
 
 def best_result(results: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -78,13 +120,17 @@ def finish_group(
         logger.info("registered %s version %s (%s, seed %s) as @%s", register_as, version, best["variant"],
                     best["seed"], alias)
 
-    links = "\n".join(f"- `{r['variant']}` seed {r['seed']}: MLflow run `{r['run_id']}`, dir `{r['run_dir']}`"
-                      for r in results)
+    uri = client.tracking_uri
+    experiment_id = client.get_run(parent_run_id).info.experiment_id
+    children = "\n".join(_child_line(client, uri, experiment_id, r) for r in results)
     model_line = (f"Best policy: `{registered['uri']}` (version {registered['version']}, {registered['variant']}, "
                   f"seed {registered['seed']})." if registered else "No evaluated checkpoint to register.")
+    parent = links.markdown_link(parent_run_id, links.mlflow_run_url(uri, experiment_id, parent_run_id))
+    plots = report.plots_markdown(lambda name: links.mlflow_artifact_url(uri, parent_run_id, f"report/{name}"))
     create_markdown_artifact(
-        markdown=f"{report.markdown}\n\n{model_line}\n\nMLflow parent run `{parent_run_id}`; report files in "
-                 f"`{report.directory}` and on the parent run under `report/`.\n\nChildren:\n{links}\n",
+        markdown=f"{report.summary}\n\n{model_line}\n\nMLflow parent run {parent}, report files in "
+                 f"`{report.directory}` and on the parent run under `report/`.\n\n## Children\n\n{children}\n\n"
+                 f"## Plots\n\n{plots}\n",
         key=f"{kind}-report",
         description=f"{kind} report: final metrics (mean ± std over seeds) and plots",
     )
@@ -96,8 +142,17 @@ def finish_group(
     return summary
 
 
+def _child_line(client: MlflowClient, uri: str, experiment_id: str, result: dict[str, Any]) -> str:
+    """`- variant seed s: MLflow run <link>, <Prefect flow run link>, dir <path>` for the report."""
+    run = client.get_run(result["run_id"])
+    mlflow_link = links.markdown_link(run.info.run_name, links.mlflow_run_url(uri, experiment_id, result["run_id"]))
+    prefect_url = run.data.tags.get(links.PREFECT_RUN_URL_TAG)
+    prefect = f", {links.markdown_link('Prefect flow run', prefect_url)}" if prefect_url else ""
+    return f"- `{result['variant']}` seed {result['seed']}: MLflow run {mlflow_link}{prefect}, dir `{result['run_dir']}`"
+
+
 def log_group_params(client: MlflowClient, run_id: str, settings: RunSettings, **extra: Any) -> None:
-    params = {k: v for k, v in settings.model_dump().items() if k != "overrides"}
+    params = {k: v for k, v in settings.model_dump().items() if k not in ("overrides", "resume")}
     params["overrides"] = json.dumps(settings.overrides, sort_keys=True)
     params.update({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in extra.items()})
     tracking.log_params(client, run_id, params)

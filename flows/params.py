@@ -88,19 +88,23 @@ class TrainParams(RunSettings):
     variant: str | None = Field(
         None, description="Variant name for params, reports and registry tags (e.g. grpo-matched); empty = preset."
     )
-    run_name: str | None = Field(None, description="MLflow run name; empty = '<variant>-s<seed>'.")
+    run_name: str | None = Field(None, description="MLflow run name; empty = 'train-<variant>-s<seed>-<time stamp>'.")
     parent_run_id: str | None = Field(None, description="Log as a child of this MLflow run (set by compare and sweep).")
     register_as: str | None = Field(
         None, description="Register the final checkpoint in the Model Registry under this name."
     )
     alias: str = Field("candidate", min_length=1, description="Alias for the registered version ('latest' is reserved).")
     output_dir: str | None = Field(
-        None, description="Run directory; empty = $ADA_HOME/runs/<run name>-<time>. A folder that already holds a "
+        None, description="Run directory; empty = $ADA_HOME/runs/<run name>. A folder that already holds a "
                           "run is refused unless overwrite is set."
     )
     overwrite: bool = Field(
         False, description="Start afresh in an output_dir that holds a run, moving the old run aside to "
                            "<dir>.replaced-<time> (it is never deleted)."
+    )
+    resume: str | None = Field(
+        None, description="Continue a crashed or stopped run: its run folder or MLflow run id. Same folder, same "
+        "MLflow run, from its newest good checkpoint (output_dir is ignored). Give the run's other values unchanged.",
     )
 
     def config(self) -> TrainConfig:
@@ -130,6 +134,10 @@ class CompareParams(RunSettings):
     reference: str = Field("grpo", min_length=1, description="The variant every other is paired against in the report.")
     register_as: str = Field("ada-policy", min_length=1, description="Registered model name for the best policy.")
     alias: str = Field("champion", min_length=1, description="Alias pointed at the best policy's version.")
+    resume: str | None = Field(
+        None, description="Continue a crashed group: its folder or parent MLflow run id. Finished children are "
+        "skipped, the others resume from their last good checkpoint. Give the group's other values unchanged.",
+    )
 
     @model_validator(mode="after")
     def _matched_needs_reference(self) -> "CompareParams":
@@ -152,6 +160,10 @@ class SweepParams(RunSettings):
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="Training seeds.")
     register_as: str = Field("ada-policy", min_length=1, description="Registered model name for the best policy.")
     alias: str = Field("champion", min_length=1, description="Alias pointed at the best policy's version.")
+    resume: str | None = Field(
+        None, description="Continue a crashed group: its folder or parent MLflow run id. Finished children are "
+        "skipped, the others resume from their last good checkpoint. Give the group's other values unchanged.",
+    )
 
     def grid(self) -> list[tuple[str, str, dict[str, Any]]]:
         """`(preset, label, sampler overrides)` for every point; fixed-size samplers skip N and M.

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -165,24 +166,24 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 def final_metrics(run: RunCurves) -> dict[str, float]:
     """The numbers a comparison table reports for one run."""
     reward = run.step_values(K.REWARD_MEAN)
-    return {
-        "eval/avg_at_k": run.last(K.EVAL_AVG_AT_K),
-        "eval/pass_at_k": run.last(K.EVAL_PASS_AT_K),
-        "reward/mean (last 5 steps)": float(reward[-5:].mean()) if reward.size else math.nan,
+    return {  # readable column names; docs/METRICS.md has the keys behind them
+        "held-out accuracy (avg@k)": run.last(K.EVAL_AVG_AT_K),
+        "held-out pass@k": run.last(K.EVAL_PASS_AT_K),
+        "reward, last 5 steps": float(reward[-5:].mean()) if reward.size else math.nan,
         "effective ratio": _mean(run.step_values(K.SAMPLER_EFFECTIVE_RATIO)),
-        "samples/step": _mean(run.step_values(K.BUDGET_GENERATED_SAMPLES)),
+        "samples per step": _mean(run.step_values(K.BUDGET_GENERATED_SAMPLES)),
         "generated samples": run.last(K.BUDGET_GENERATED_SAMPLES_CUM),
         "trained tokens": run.last(K.BUDGET_TRAINED_TOKENS_CUM),
         "FLOPs": run.last(FLOPS_CUM),
-        "wall time s": run.last(K.TIME_ELAPSED_S),
+        "wall time (s)": run.last(K.TIME_ELAPSED_S),
     }
 
 
 def summary_table(runs: list[RunCurves]) -> str:
     """Markdown: one row per label, each cell `mean ± std` over its seeds.
 
-    | variant | seeds | eval/avg_at_k | ...
-    | grpo    | 2     | 0.412 ± 0.013 | ...
+    | variant | seeds | held-out accuracy (avg@k) | ...
+    | grpo    | 2     | 0.412 ± 0.013             | ...
     """
     labels = list(dict.fromkeys(r.label for r in runs))
     per_run = {id(r): final_metrics(r) for r in runs}
@@ -300,6 +301,17 @@ class Report:
     markdown: str
     files: list[Path]
     directory: Path
+    summary: str = ""
+    """The markdown before the plots (title, note, table), for callers that place the plots themselves."""
+
+    def plots_markdown(self, url_of: Callable[[str], str | None] = lambda name: name) -> str:
+        """Each PNG as a markdown image at `url_of(file name)` (default: the name, relative to report.md)."""
+        lines = []
+        for f in self.files:
+            if f.suffix == ".png":
+                url = url_of(f.name)
+                lines.append(f"![{f.stem}]({url})" if url else f"`{f.name}`")
+        return "\n\n".join(lines)
 
 
 def write_report(runs: list[RunCurves], out_dir: str | Path, title: str = "Comparison report",
@@ -333,22 +345,21 @@ def write_report(runs: list[RunCurves], out_dir: str | Path, title: str = "Compa
             "",
         ]
     params = sorted({r.num_params for r in runs if r.num_params})
-    markdown = "\n".join([
+    summary = "\n".join([
         f"# {title}",
         "",
-        "Final metrics, mean ± std over seeds. eval/* are from the last evaluation; FLOPs = 2·params per "
+        "Final metrics, mean ± std over seeds. Held-out numbers are from the last evaluation; FLOPs = 2·params per "
         "generated token + 6·params per trained token + 2·params per log-prob token"
         + (f" (params = {', '.join(f'{p:,}' for p in params)})." if params else "."),
         "",
         summary_table(runs),
-        "",
-        *paired_md,
-        "Plots: " + ", ".join(f"`{f.name}`" for f in files),
-        "",
+        *(["", *paired_md] if paired_md else []),
     ])
-    (out / "report.md").write_text(markdown)
+    report = Report(markdown="", files=files, directory=out, summary=summary)
+    report.markdown = f"{summary}\n\n## Plots\n\n{report.plots_markdown()}\n"
+    (out / "report.md").write_text(report.markdown)
     files.append(out / "report.md")
-    return Report(markdown=markdown, files=files, directory=out)
+    return report
 
 
 def main(argv: list[str] | None = None) -> None:

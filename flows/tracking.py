@@ -12,7 +12,6 @@ file from several processes at once.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -28,9 +27,11 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 from mlflow.exceptions import MlflowException
 
-from ada_core.config import TrainConfig, flat_params
+from ada_core import metrics as K
+from ada_core.config import SamplerConfig, TrainConfig, flat_params
 from ada_core.paths import ada_home
 from ada_core.trainer import Callbacks
+from flows import links
 
 REGISTERED_MODEL = "ada-policy"
 CHAMPION_ALIAS = "champion"
@@ -99,22 +100,37 @@ def use_tracking_uri(uri: str) -> None:
         os.environ["MLFLOW_TRACKING_URI"] = before
 
 
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # the MLflow 3 UI's switch between its GenAI and training views
+EXPERIMENT_KIND = "custom_model_development"
+EXPERIMENT_NOTE = (
+    "Reinforce-Ada RL post-training runs. Compare held-out accuracy against the budget: chart "
+    "`vs_samples/eval_avg_at_k` (x = cumulative generated samples) or `vs_mflops/eval_avg_at_k` "
+    "(x = estimated compute in MFLOPs), one line per run. compare and sweep runs hold their children."
+)
+
+
 def ensure_experiment(client: MlflowClient, name: str) -> str:
-    """The experiment's id, creating it when missing.
+    """The experiment's id, creating it when missing; tagged as a model-training experiment.
 
     A database store (SQLite, PostgreSQL) keeps artifacts in $ADA_HOME/mlartifacts/<name>; an HTTP
-    server decides for itself (the `make ui` server proxies the same directory).
+    server decides for itself (the `make ui` server proxies the same directory). Without the kind
+    tag MLflow 3 opens an experiment in its GenAI view (traces, latency, a "Detect Issues" pop-up).
     """
     experiment = client.get_experiment_by_name(name)
-    if experiment is not None:
-        return experiment.experiment_id
-    location = None
-    if not client.tracking_uri.startswith(("http://", "https://")):
-        location = (artifact_root() / name).as_uri()
-    try:
-        return client.create_experiment(name, artifact_location=location)
-    except MlflowException:  # another process created it between our two calls
-        return client.get_experiment_by_name(name).experiment_id
+    if experiment is None:
+        location = None
+        if not client.tracking_uri.startswith(("http://", "https://")):
+            location = (artifact_root() / name).as_uri()
+        try:
+            client.create_experiment(name, artifact_location=location)
+        except MlflowException:  # another process created it between our two calls
+            pass
+        experiment = client.get_experiment_by_name(name)
+    if experiment.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
+        client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    if links.NOTE_TAG not in experiment.tags:
+        client.set_experiment_tag(experiment.experiment_id, links.NOTE_TAG, EXPERIMENT_NOTE)
+    return experiment.experiment_id
 
 
 @contextmanager
@@ -124,17 +140,31 @@ def tracked_run(
     run_name: str,
     parent_run_id: str | None = None,
     tags: dict[str, str] | None = None,
+    run_id: str | None = None,
+    description: str | None = None,
 ) -> Iterator[tuple[MlflowClient, str]]:
     """Start an MLflow run (child of `parent_run_id` if given) with system metrics; yield (client, run_id).
 
-    The run ends FINISHED, or FAILED when the body raises. Logging goes through the returned client
-    with an explicit run id, so it does not depend on which thread holds MLflow's active-run stack.
+    With `run_id`, reopen that run instead (a resume): same id, experiment and name, status RUNNING
+    again, system metrics continue after their last step. The run ends FINISHED, or FAILED when the
+    body raises. Logging goes through the returned client with an explicit run id, so it does not
+    depend on which thread holds MLflow's active-run stack. Inside a Prefect flow run, the run is
+    tagged with the flow run's id and UI URL (a resumed run with the flow run that resumed it), and
+    its Description (`description`, default the run name) links to it; Prefect's log and artifacts
+    get the run's MLflow URL in turn (flows/links.py).
     """
     tracking_uri = with_postgres_driver(tracking_uri)
     use_tracking_uri(tracking_uri)
     client = MlflowClient(tracking_uri)
     experiment_id = ensure_experiment(client, experiment)
+    if run_id is not None:  # a resume: the run keeps its own experiment and name
+        info = client.get_run(run_id).info
+        experiment_id, run_name = info.experiment_id, info.run_name
+    flow = (tags or {}).get("ada.flow", "run")
+    tags = {**links.run_link_tags(description or run_name),
+            "mlflow.source.name": f"flows/{flow}.py", "mlflow.source.type": "JOB", **(tags or {})}
     with mlflow.start_run(
+        run_id=run_id,
         experiment_id=experiment_id,
         run_name=run_name,
         parent_run_id=parent_run_id,
@@ -142,6 +172,9 @@ def tracked_run(
         tags=tags,
         log_system_metrics=True,
     ) as run:
+        if links.prefect_flow_run()[0]:
+            links.announce_run(tracking_uri, experiment_id, run.info.run_id, run_name,
+                               "child" if parent_run_id else flow)
         yield client, run.info.run_id
 
 
@@ -150,24 +183,39 @@ def tracked_run(
 
 
 def dataset_hash(dataset: str) -> str:
-    """sha256 (first 16 hex) of a dataset file's bytes, or of the generator name for built-ins."""
-    path = Path(dataset)
-    h = hashlib.sha256()
-    if path.is_file():
-        with path.open("rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    else:
-        h.update(dataset.encode())
-    return h.hexdigest()[:16]
+    """sha256 (first 16 hex) of a dataset file's bytes, or of the generator name (`ada_core.data.data_digest`)."""
+    from ada_core.data import data_digest
+
+    return data_digest(dataset)
+
+
+NOT_APPLICABLE = "n/a"
+
+
+def unused_sampler_fields(sampler: str) -> set[str]:
+    """SamplerConfig fields the named sampler ignores.
+
+    SamplerConfig documents each sampler-specific field with a prefix, `ada:` or `dapo:` (the
+    `dynamic_filter` sampler); the rest apply to every sampler.
+    """
+    owner = {"ada": "ada:", "dynamic_filter": "dapo:"}
+    mine = owner.get(sampler)
+    return {name for name, field in SamplerConfig.model_fields.items()
+            if any((field.description or "").startswith(prefix) for prefix in owner.values() if prefix != mine)}
 
 
 def run_params(config: TrainConfig, variant: str, dataset_digest: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The headline params (N, M, n, variant, sampler, advantage, model, dataset_hash, seed) + the flat config."""
+    """The headline params (N, M, n, variant, sampler, advantage, model, dataset_hash, seed) + the flat config.
+
+    Params the sampler does not use (N and M for GRPO's `fixed`, for example) are logged as `n/a`,
+    headline and `sampler.*` alike, so the runs table does not suggest GRPO ran 4 rounds of 8.
+    """
     params: dict[str, Any] = flat_params(config)
+    unused = unused_sampler_fields(config.sampler.name)
+    params.update({f"sampler.{name}": NOT_APPLICABLE for name in unused if f"sampler.{name}" in params})
     params.update({
-        "N": config.sampler.N,
-        "M": config.sampler.M,
+        "N": NOT_APPLICABLE if "N" in unused else config.sampler.N,
+        "M": NOT_APPLICABLE if "M" in unused else config.sampler.M,
         "n": config.sampler.n,
         "variant": variant,
         "sampler": config.sampler.name,
@@ -215,34 +263,39 @@ def log_checkpoint(client: MlflowClient, run_id: str, checkpoint: Path) -> str:
 class RunLogger:
     """The trainer callbacks of one MLflow run: step and eval metrics, generation tables, checkpoints.
 
-    Step metrics are buffered and sent in batches (at most every `flush_interval_s`, or when a
-    batch is full) through MLflow's async queue: one 60-metric `log_batch` costs ~30 ms on SQLite,
-    as much as a tenth of a tiny-model step, and a 600-metric one ~110 ms. `flush()` sends what
-    is left and waits; the flows call it before the run ends. Tables and checkpoints are written
-    synchronously: they are rare and must exist once the callback returns.
+    Metric rows are held until the checkpoint that covers them and sent then, each with its step,
+    whole rows per `log_batch` (so a crash never leaves half a row). Why not as they come: MLflow's
+    metric history is append-only, and a resume re-runs the steps after its checkpoint; rows sent
+    for those steps before the crash would stay next to the re-run's, two values for one step (the
+    time/* keys differ). Held until the checkpoint, MLflow only ever has rows a resume keeps, and a
+    resume sends the covered rows a crash left unsent (`send_missing`). The cost: MLflow's curves
+    trail metrics.jsonl by up to `checkpoint_every` steps. One batch of a few hundred metrics costs
+    tens of ms, once per checkpoint. Tables and checkpoints are written synchronously.
     """
 
-    def __init__(self, client: MlflowClient, run_id: str, flush_interval_s: float = 5.0):
+    def __init__(self, client: MlflowClient, run_id: str):
         self.client = client
         self.run_id = run_id
-        self.flush_interval_s = flush_interval_s
-        self._buffer: list[Metric] = []
-        self._pending: list[Any] = []
-        self._last_send = time.monotonic()
+        self._rows: list[tuple[int, list[Metric]]] = []
 
     def _add(self, metrics: dict[str, float], step: int) -> None:
         now_ms = int(time.time() * 1000)
-        self._buffer.extend(Metric(k, float(v), now_ms, step) for k, v in metrics.items())
-        if len(self._buffer) >= _MAX_METRICS_PER_BATCH or time.monotonic() - self._last_send >= self.flush_interval_s:
-            self._send()
+        self.hold(step, [Metric(k, float(v), now_ms, step) for k, v in metrics.items()])
 
-    def _send(self) -> None:
-        while self._buffer:
-            batch, self._buffer = self._buffer[:_MAX_METRICS_PER_BATCH], self._buffer[_MAX_METRICS_PER_BATCH:]
-            operation = self.client.log_batch(self.run_id, metrics=batch, synchronous=False)
-            if operation is not None:
-                self._pending.append(operation)
-        self._last_send = time.monotonic()
+    def hold(self, step: int, metrics: list[Metric]) -> None:
+        """Queue metrics that belong to training step `step` (whatever their own MLflow steps) until the
+        checkpoint that covers it."""
+        self._rows.append((step, metrics))
+
+    def _send(self, rows: list[list[Metric]]) -> None:
+        batch: list[Metric] = []
+        for row in rows:
+            if batch and len(batch) + len(row) > _MAX_METRICS_PER_BATCH:
+                self.client.log_batch(self.run_id, metrics=batch)
+                batch = []
+            batch.extend(row)
+        if batch:
+            self.client.log_batch(self.run_id, metrics=batch)
 
     def on_step(self, step: int, metrics: dict[str, float]) -> None:
         self._add(metrics, step)
@@ -252,16 +305,41 @@ class RunLogger:
         log_generations(self.client, self.run_id, step, generations)
 
     def on_checkpoint(self, step: int, path: Path) -> None:
+        covered = [row for s, row in self._rows if s <= step]
+        self._rows = [(s, row) for s, row in self._rows if s > step]
+        self._send(covered)
         log_checkpoint(self.client, self.run_id, path)
 
+    def send_missing(self, rows: list[dict[str, Any]]) -> int:
+        """Send the metrics.jsonl rows MLflow lacks (a crash between a checkpoint and its send); returns how many.
+
+        A row is on MLflow when the history of its marker key (time/step_s for a step, the eval
+        key for an evaluation) has its step.
+        """
+        seen: dict[str, set[int]] = {}
+        missing = []
+        for row in rows:
+            values = {k: v for k, v in row.items() if k != "step"}
+            if not values:
+                continue
+            marker = next((k for k in _ROW_MARKERS if k in values), min(values))
+            if marker not in seen:
+                seen[marker] = {m.step for m in self.client.get_metric_history(self.run_id, marker)}
+            if int(row["step"]) not in seen[marker]:
+                now_ms = int(time.time() * 1000)
+                missing.append([Metric(k, float(v), now_ms, int(row["step"])) for k, v in values.items()])
+        self._send(missing)
+        return len(missing)
+
     def flush(self) -> None:
-        self._send()
-        pending, self._pending = self._pending, []
-        for operation in pending:
-            operation.wait()
+        """Nothing to wait for: rows go out synchronously at checkpoints. Rows after the last one stay
+        in metrics.jsonl only; a resume re-runs those steps."""
 
     def callbacks(self) -> Callbacks:
         return Callbacks(on_step=self.on_step, on_eval=self.on_eval, on_checkpoint=self.on_checkpoint)
+
+
+_ROW_MARKERS = (K.TIME_STEP_S, K.EVAL_AVG_AT_K)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,6 +9,11 @@ prefect/, the MLflow store in mlflow.db with artifacts in mlartifacts/ (the same
 default writes, so earlier runs show up), and ui/servers.json with the URLs and process ids. While
 the MLflow server answers, flows log to it over HTTP (flows/tracking.py reads servers.json), so
 several processes never write one SQLite file. Ports: ADA_PREFECT_PORT (4200), ADA_MLFLOW_PORT (5000).
+
+The Prefect UI is a page that calls the API from the browser at the URL its /ui-settings names.
+Prefect derives that URL from PREFECT_SERVER_API_PORT, not from `--port`, so a server started on
+another port would serve a UI that calls 4200; the server here gets PREFECT_UI_API_URL (and the
+host/port settings) for its own port. `status` checks each piece answers and says what is wrong.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 WORK_POOL = "ada-process"
@@ -89,12 +95,28 @@ def spawn(args: list[str], env: dict[str, str], log: Path, cwd: Path = REPO) -> 
     return proc
 
 
-def start_prefect_server(home: Path, port: int, log_dir: Path) -> tuple[subprocess.Popen, str]:
+def prefect_server_env(home: Path, port: int) -> dict[str, str]:
+    """The server's environment: its UI calls the API on this port, whatever the user's shell exports."""
     env = quiet_env(home)
+    url = f"http://127.0.0.1:{port}"
+    env.update({
+        "PREFECT_SERVER_API_HOST": "127.0.0.1",
+        "PREFECT_SERVER_API_PORT": str(port),
+        "PREFECT_UI_API_URL": f"{url}/api",
+        "PREFECT_API_URL": f"{url}/api",
+    })
+    return env
+
+
+def start_prefect_server(home: Path, port: int, log_dir: Path) -> tuple[subprocess.Popen, str]:
+    env = prefect_server_env(home, port)
     proc = spawn([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port),
                   "--analytics-off"], env, log_dir / "prefect-server.log")
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/api/health", 120, proc, log_dir / "prefect-server.log")
+    ui_api = (_get_json(f"{url}/ui-settings") or {}).get("api_url")
+    if ui_api != f"{url}/api":
+        raise RuntimeError(f"the Prefect UI at {url} would call the API at {ui_api}, not {url}/api")
     return proc, url
 
 
@@ -144,6 +166,19 @@ def start_worker(home: Path, prefect_url: str, log_dir: Path) -> subprocess.Pope
                   "--install-policy", "never"], env, log_dir / "worker.log")
 
 
+def reap_dead_runs(home: Path, prefect_url: str, mlflow_url: str) -> None:
+    """Runs whose process died while nothing watched (SIGKILL, OOM) stay RUNNING in MLflow and Prefect:
+    mark them KILLED / Crashed (flows/resume.py). A failure here is reported, not fatal."""
+    env = api_env(home, prefect_url)
+    env["MLFLOW_TRACKING_URI"] = mlflow_url
+    try:
+        result = subprocess.run([sys.executable, "-m", "flows.resume", "reap"], env=env, cwd=REPO,
+                                capture_output=True, text=True, timeout=300)
+        print(f"ui: {result.stdout.strip() or result.stderr.strip()[-500:]}")
+    except (OSError, subprocess.TimeoutExpired) as err:
+        print(f"ui: could not check for dead runs: {err}")
+
+
 def state_file(home: Path) -> Path:
     return home / "ui" / "servers.json"
 
@@ -164,6 +199,74 @@ def stop_pid(pid: int, timeout_s: float = 20) -> None:
         pass
     if own is not None:
         own.wait(timeout=10)
+
+
+def _get_json(url: str, timeout_s: float = 3.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        return json.loads(response.read().decode() or "null")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def check(state: dict) -> list[tuple[str, bool, str]]:
+    """(what, ok, detail) for each server and the worker of a `servers.json` state."""
+    results: list[tuple[str, bool, str]] = []
+    prefect_url, mlflow_url = state.get("prefect_url"), state.get("mlflow_url")
+    if prefect_url:
+        try:
+            _get_json(f"{prefect_url}/api/health")
+            results.append(("Prefect API", True, f"{prefect_url}/api/health answers"))
+        except (OSError, ValueError) as err:
+            results.append(("Prefect API", False, f"{prefect_url}/api/health does not answer ({err}); see "
+                                                  "ui/prefect-server.log, restart with make ui"))
+        try:
+            ui_api = (_get_json(f"{prefect_url}/ui-settings") or {}).get("api_url")
+            expected = f"{prefect_url}/api"
+            if ui_api == expected:
+                results.append(("Prefect UI", True, f"{prefect_url} calls the API at {ui_api}"))
+            else:
+                results.append(("Prefect UI", False, f"{prefect_url} calls the API at {ui_api}, not {expected}: every "
+                                                     "page will say it cannot connect; restart with make ui"))
+        except (OSError, ValueError, AttributeError) as err:
+            results.append(("Prefect UI", False, f"{prefect_url}/ui-settings does not answer ({err})"))
+    else:
+        results.append(("Prefect API", False, "servers.json names no Prefect server"))
+    if mlflow_url:
+        try:
+            with urllib.request.urlopen(f"{mlflow_url}/health", timeout=3) as response:
+                ok = response.status == 200
+            results.append(("MLflow", ok, f"{mlflow_url}/health answers" if ok else f"{mlflow_url}/health: {response.status}"))
+        except OSError as err:
+            results.append(("MLflow", False, f"{mlflow_url}/health does not answer ({err}); see ui/mlflow-server.log"))
+    else:
+        results.append(("MLflow", False, "servers.json names no MLflow server"))
+    worker = state.get("pids", {}).get("worker")
+    if worker and _pid_alive(int(worker)):
+        results.append(("worker", True, f"pid {worker} polls work pool '{WORK_POOL}'"))
+    else:
+        results.append(("worker", False, f"no live worker (pid {worker}); deployments will stay Scheduled; "
+                                         "see ui/worker.log, restart with make ui"))
+    return results
+
+
+def status(home: Path) -> int:
+    """Print one line per piece; 0 when all answer, 1 otherwise (also when nothing runs)."""
+    path = state_file(home)
+    if not path.exists():
+        print(f"ui: not running (no {path}); start with make ui")
+        return 1
+    results = check(json.loads(path.read_text()))
+    for what, ok, detail in results:
+        print(f"{'ok     ' if ok else 'PROBLEM'} {what:<12} {detail}")
+    return 0 if all(ok for _, ok, _ in results) else 1
 
 
 def start(home: Path) -> dict:
@@ -189,6 +292,7 @@ def start(home: Path) -> dict:
         deploy(home, prefect_url)
         state["pids"]["worker"] = start_worker(home, prefect_url, log_dir).pid
         _write_state(state_path, state)
+        reap_dead_runs(home, prefect_url, mlflow_url)
     except BaseException:
         stop(home)
         raise
@@ -225,10 +329,10 @@ def main(argv: list[str] | None = None) -> None:
         stop(home)
         return
     if args.command == "status":
-        path = state_file(home)
-        print(path.read_text() if path.exists() else "ui: not running")
-        return
+        raise SystemExit(status(home))
     state = start(home)
+    for what, ok, detail in check(state):
+        print(f"{'ok     ' if ok else 'PROBLEM'} {what:<12} {detail}")
     print(f"""
 Prefect UI : {state['prefect_url']}     (deployments: train, compare, evaluate, curate, sweep;
                                           work pool '{WORK_POOL}', worker running)

@@ -24,6 +24,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import INPUTS, TASK_SOURCE
 
+from ada_core.data import data_digest
 from ada_core.paths import ada_home
 
 CURATION_VERSION = 1  # bump when the procedure changes, so old persisted sets are not reused
@@ -37,8 +38,14 @@ def curation_key(inputs: dict[str, Any]) -> str:
 def _curate_dataset(
     model: str, sft_steps: int, dataset: str, pool_size: int, k: int, ceiling: float, seed: int,
     max_tokens: int, temperature: float, positive_threshold: float, micro_batch_size: int, home: str,
+    dataset_digest: str = "",
 ) -> dict[str, Any]:
-    """Curate (or reuse) and return {dataset, model, kept, pool, key, ...}: plain data for the cache."""
+    """Curate (or reuse) and return {dataset, model, kept, pool, key, ...}: plain data for the cache.
+
+    `dataset_digest` (`ada_core.data.data_digest` of `dataset`, the digest MLflow's dataset inputs
+    carry) is part of both cache keys, so editing a dataset file in place curates it afresh.
+    """
+    from flows.progress import ProgressArtifact
     from ada_core import curation
     from ada_core.data import load_prompts, warm_start_prompts
     from ada_core.engines.transformers_engine import TransformersRolloutEngine
@@ -47,7 +54,8 @@ def _curate_dataset(
     from ada_core.rewards import MathVerifier
 
     inputs = dict(model=model, sft_steps=sft_steps, dataset=dataset, pool_size=pool_size, k=k, ceiling=ceiling,
-                  seed=seed, max_tokens=max_tokens, temperature=temperature, positive_threshold=positive_threshold)
+                  seed=seed, max_tokens=max_tokens, temperature=temperature, positive_threshold=positive_threshold,
+                  dataset_digest=dataset_digest)
     key = curation_key(inputs)
     out = Path(home) / "curated" / key
     summary_file = out / "curation.json"
@@ -57,14 +65,16 @@ def _curate_dataset(
     pool = load_prompts(dataset, size=pool_size, seed=seed)
     start_model = resolve_model(model)
     if sft_steps > 0:
-        start_model = sft_warm_start(start_model, warm_start_prompts(dataset, pool, seed), steps=sft_steps, seed=seed)
+        start_model = sft_warm_start(start_model, warm_start_prompts(dataset, pool, seed), steps=sft_steps, seed=seed,
+                                     progress=ProgressArtifact(f"warm start (SFT) of {model}").callback())
     policy, tokenizer = load_policy(start_model)
     encode_prompts(tokenizer, pool)
     engine = TransformersRolloutEngine(policy, tokenizer, micro_batch_size=micro_batch_size)
     sampling = SamplingParams(temperature=temperature, top_p=1.0, max_tokens=max_tokens, seed=seed)
     with MathVerifier() as verifier:
         result = curation.curate(pool, engine, verifier, sampling, k=k, ceiling=ceiling, seed=seed,
-                                 positive_threshold=positive_threshold)
+                                 positive_threshold=positive_threshold,
+                                 progress=ProgressArtifact(f"curation of {dataset} (k={k})", "prompt").callback())
     curation.save_curated(result, out)
     summary = {
         "key": key,
@@ -106,6 +116,7 @@ def curation_inputs(config, seed: int) -> dict[str, Any]:
         positive_threshold=config.sampler.positive_threshold,
         micro_batch_size=config.rollout.micro_batch_size,
         home=str(ada_home()),
+        dataset_digest=data_digest(config.data.dataset),
     )
 
 

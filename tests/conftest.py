@@ -6,6 +6,7 @@
 - `prefect_harness`: Prefect's test harness (a temporary server and database), started once.
 - `postgres_uri`: a fresh database on the local PostgreSQL server, dropped at the end.
 - `free_port`: a free loopback port.
+- `ui_stack`: `make ui` (infra/ui.py start) on free, non-default ports with its own ADA_HOME, once.
 - `vllm_server`: one real vLLM server (from `.venv-vllm`, `make vllm-env`) serving the tiny model;
   runs attach to it with `rollout.vllm.base_url` and load their own weights into it first.
 """
@@ -99,6 +100,28 @@ def infra_ui():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def ui_stack(tmp_path_factory, free_port, infra_ui):
+    """`infra/ui.py start` with its own ADA_HOME (so its own PREFECT_HOME); stopped whatever happens.
+
+    Yields (home, state): state is servers.json (prefect_url, mlflow_url, pids).
+    """
+    ui = infra_ui
+    home = tmp_path_factory.mktemp("ui_stack")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("ADA_PREFECT_PORT", str(free_port()))
+    patch.setenv("ADA_MLFLOW_PORT", str(free_port()))
+    patch.setenv("PREFECT_WORKER_QUERY_SECONDS", "2")  # the worker polls often: keeps the tests short
+    patch.setenv("TQDM_DISABLE", "1")
+    patch.delenv("PREFECT_API_URL", raising=False)
+    try:
+        state = ui.start(home)
+        yield home, state
+    finally:
+        ui.stop(home)
+        patch.undo()
 
 
 @pytest.fixture(scope="session")

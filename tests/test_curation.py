@@ -7,6 +7,7 @@ import os
 import threading
 from dataclasses import replace
 
+import datasets
 import pytest
 
 from ada_core import curation
@@ -113,8 +114,11 @@ def test_save_and_load_curated_round_trip(curator, tmp_path):
     engine, verifier, tokenizer = curator
     result = curate(_input_prompts(tokenizer), engine, verifier, SAMPLING, k=4, ceiling=1.0, seed=3)
     folder = save_curated(result, tmp_path / "curated")
-    assert sorted(os.listdir(folder)) == ["prompts.jsonl", "report.json"]  # no temp files left behind
+    assert sorted(os.listdir(folder)) == ["dataset", "prompts.jsonl", "report.json"]  # no temp files left behind
     loaded = load_curated(folder)
+    arrow = datasets.load_from_disk(str(folder / "dataset"))  # the same set through Hugging Face datasets
+    assert arrow["id"] == [p.id for p in loaded.prompts] and arrow["answer"] == [p.answer for p in loaded.prompts]
+    assert [json.loads(m)["pass_rate"] for m in arrow["meta"]] == [p.meta["pass_rate"] for p in loaded.prompts]
     assert loaded.report == json.loads(json.dumps(result.report))
     assert [replace(p, prompt_ids=[]) for p in result.prompts] == loaded.prompts
     assert load_prompts(str(folder)) == loaded.prompts  # a curated set trains like any dataset
@@ -134,7 +138,7 @@ def test_failed_save_keeps_the_previous_set(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         save_curated(new, tmp_path)
     assert (tmp_path / "prompts.jsonl").read_text() == before
-    assert sorted(os.listdir(tmp_path)) == ["prompts.jsonl", "report.json"]
+    assert sorted(os.listdir(tmp_path)) == ["dataset", "prompts.jsonl", "report.json"]
 
 
 def test_curate_rejects_bad_inputs(curator, tmp_path):

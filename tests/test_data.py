@@ -242,3 +242,23 @@ def test_split_property(n, data):
     assert len(evals) == eval_size and len(train) + len(evals) == n
     assert {p.id for p in train}.isdisjoint(p.id for p in evals)
     assert [p.id for p in train] == sorted((p.id for p in train), key=lambda i: int(i[1:]))  # input order
+
+
+def test_digests_follow_contents_and_key_the_curation_cache(tmp_path):
+    from ada_core.config import build_config
+    from ada_core.data import data_digest, prompts_digest
+    from tasks.curation import curation_inputs, curation_key
+
+    path = tmp_path / "set.jsonl"
+    path.write_text(json.dumps({"problem": "1+1?", "answer": "2", "id": 1}) + "\n")
+    config = build_config("grpo", "tiny", overrides={"data": {"dataset": str(path)}})
+    first = curation_inputs(config, 0)
+    assert first["dataset_digest"] == data_digest(str(path)) == data_digest(str(path))
+    path.write_text(json.dumps({"problem": "1+1?", "answer": "3", "id": 1}) + "\n")  # edited in place
+    second = curation_inputs(config, 0)
+    assert second["dataset_digest"] != first["dataset_digest"]
+    assert curation_key({k: v for k, v in second.items() if k not in ("micro_batch_size", "home")}) != curation_key(
+        {k: v for k, v in first.items() if k not in ("micro_batch_size", "home")})
+    assert data_digest("arithmetic") != data_digest("chain_sum")
+    prompts = load_dataset_file(path)
+    assert prompts_digest(prompts) == prompts_digest(list(prompts)) != prompts_digest(prompts[:0])

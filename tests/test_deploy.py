@@ -2,7 +2,7 @@
 
 One small flow run (curate on a tiny pool) goes the whole way: deployment -> work pool -> worker ->
 flow-run subprocess -> MLflow run on the UI's MLflow server. Every wait is bounded, and the servers
-and worker are always stopped.
+and worker are always stopped. The stack (`ui_stack`, conftest.py) is shared with test_browser.py.
 """
 
 from __future__ import annotations
@@ -22,25 +22,6 @@ CURATE_PARAMS = {
     "experiment": "deploy-test",
 }
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-
-
-@pytest.fixture(scope="module")
-def ui_stack(tmp_path_factory, free_port, infra_ui):
-    """`infra/ui.py start` with its own ADA_HOME (so its own PREFECT_HOME); stopped whatever happens."""
-    ui = infra_ui
-    home = tmp_path_factory.mktemp("ui_stack")
-    patch = pytest.MonkeyPatch()
-    patch.setenv("ADA_PREFECT_PORT", str(free_port()))
-    patch.setenv("ADA_MLFLOW_PORT", str(free_port()))
-    patch.setenv("PREFECT_WORKER_QUERY_SECONDS", "2")  # the worker polls often: keeps the test short
-    patch.setenv("TQDM_DISABLE", "1")
-    patch.delenv("PREFECT_API_URL", raising=False)
-    try:
-        state = ui.start(home)
-        yield home, state
-    finally:
-        ui.stop(home)
-        patch.undo()
 
 
 def test_ui_serves_deployments_and_a_worker_runs_a_triggered_flow(ui_stack):
@@ -88,4 +69,9 @@ def test_ui_serves_deployments_and_a_worker_runs_a_triggered_flow(ui_stack):
     assert runs[0].data.params["curation.k"] == "2"
     assert runs[0].data.metrics["curation/pool"] == 56
     assert {a.path for a in mlflow.list_artifacts(runs[0].info.run_id)} == {"curated"}
+    inputs = mlflow.get_run(runs[0].info.run_id).inputs.dataset_inputs  # the curated set, with its lineage
+    assert len(inputs) == (1 if runs[0].data.metrics["curation/kept"] else 0)  # an empty set has no input
+    for item in inputs:
+        tags = {t.key: t.value for t in item.tags}
+        assert tags["mlflow.data.context"] == "curated" and tags["ada.curated_from"] == "arithmetic"
     assert (home / "mlflow.db").is_file() and (home / "prefect" / "prefect.db").is_file()

@@ -40,7 +40,9 @@ HEADLINE = ["N", "M", "n", "variant", "sampler", "advantage", "model", "dataset_
 @pytest.fixture(scope="module")
 def flows_env(prefect_harness, ada_home):
     patch = pytest.MonkeyPatch()
-    patch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "1")  # short runs still get samples
+    # Short runs still get samples: the monitor publishes only after its first interval, and a warm
+    # 2-step child run can end within a second.
+    patch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
     patch.setenv("TQDM_DISABLE", "1")
     yield MlflowClient(tracking.default_tracking_uri())
     patch.undo()
@@ -58,9 +60,11 @@ def compared(flows_env):
 
 
 def _children(client: MlflowClient, parent_id: str) -> dict[str, object]:
+    """Child runs by `<variant>-s<seed>`; their run names are `<group>/<variant>-s<seed>`."""
     parent = client.get_run(parent_id)
     runs = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'")
-    return {r.info.run_name: r for r in runs}
+    assert all(r.info.run_name.startswith(f"{parent.info.run_name}/") for r in runs)
+    return {r.info.run_name.split("/")[-1]: r for r in runs}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -88,6 +92,22 @@ def test_every_child_logs_params_step_metrics_and_system_metrics(compared):
     assert ada.data.params["sampler.exit_rule"] == "balance" and ada.data.params["model"] == "tiny"
     assert ada.data.params["curated"] == "True" and int(ada.data.params["num_params"]) > 100_000
     assert len({r.data.params["dataset_hash"] for r in children.values()}) == 1  # one curated set for all
+    grpo = children["grpo-s0"].data.params
+    assert (grpo["N"], grpo["M"], grpo["sampler.exit_rule"], grpo["n"]) == ("n/a", "n/a", "n/a", "4")  # unused by GRPO
+    assert ada.data.params["N"] == "4"
+
+    for run in children.values():  # the training and eval splits of the curated set, with its digest
+        contexts = {{t.key: t.value for t in i.tags}["mlflow.data.context"]: i for i in run.inputs.dataset_inputs}
+        assert set(contexts) == {"training", "evaluation"}
+        assert all({t.key: t.value for t in i.tags}["ada.source_digest"] == run.data.params["dataset_hash"]
+                   for i in contexts.values())
+        # ... and the digest of the data it was curated from: the one the curation cache keys on.
+        from tasks.curation import curation_inputs
+
+        source_digest = curation_inputs(CompareParams(steps=2, prompts_per_step=4, overrides=SMALL).build("grpo", 0),
+                                        0)["dataset_digest"]
+        assert {t.key: t.value for t in contexts["training"].tags}["ada.curated_from_digest"] == source_digest
+        assert run.data.tags["mlflow.note.content"].startswith(f"`{run.data.tags['ada.variant']}` (a child")
 
     for run in children.values():
         run_id = run.info.run_id
@@ -146,6 +166,10 @@ def test_report_is_on_the_parent_run_and_a_prefect_artifact(compared):
         artifacts = prefect.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["compare-report"])))
     assert artifacts and artifacts[0].type == "markdown"
     assert "| variant | seeds |" in artifacts[0].data and summary["parent_run_id"] in artifacts[0].data
+    for child in summary["children"]:  # every child listed; SQLite has no MLflow UI, so ids, not links
+        assert f"`{child['variant']}` seed {child['seed']}: MLflow run `" in artifacts[0].data
+    assert "## Plots" in artifacts[0].data and "`accuracy_reward_vs_generated_samples.png`" in artifacts[0].data
+    assert "![accuracy_reward_vs_compute](accuracy_reward_vs_compute.png)" in markdown  # report.md shows its plots
 
 
 def test_best_policy_is_registered_as_champion(compared):

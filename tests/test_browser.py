@@ -1,0 +1,214 @@
+"""The two UIs in a real browser, and the links between them.
+
+`make ui` (the shared `ui_stack`) runs on free, non-default ports; headless Chromium (Debian's
+`chromium` + `chromium-driver`, `make browser`) opens the Prefect deployments page, then the
+MLflow run of a finished `train` and follows its link to the Prefect flow run. The same train
+run is checked through the APIs: dataset inputs and their digests, the budget-axis series, the
+Prefect progress and metrics artifacts. Skips, saying why, where Chromium or selenium is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from mlflow import MlflowClient
+
+from ada_core import metrics as K
+from ada_core.data import data_digest, load_prompts, prompts_digest, split_prompts
+from flows import links, tracking
+from flows.budget_series import VS_MFLOPS, VS_SAMPLES
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--window-size=1400,900"]
+STEPS = 2
+
+
+def _find(*names: str) -> str | None:
+    return next((path for name in names if (path := shutil.which(name))), None)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """A headless Chromium driven by selenium, with a fresh profile."""
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[dev]')")
+    from selenium.webdriver.chrome.service import Service
+
+    chromium, driver = _find("chromium", "chromium-browser", "google-chrome"), _find("chromedriver")
+    if not chromium or not driver:
+        reason = f"no chromium ({chromium}) or chromedriver ({driver}) on PATH; `make browser` installs them"
+        print(f"SKIP: {reason}")
+        pytest.skip(reason)
+    options = webdriver.ChromeOptions()
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}")
+    options.binary_location = chromium
+    chrome = webdriver.Chrome(options=options, service=Service(driver))  # the Debian driver: no download
+    chrome.set_page_load_timeout(60)
+    try:
+        yield chrome
+    finally:
+        chrome.quit()
+
+
+def _wait_for_text(chrome, predicate, timeout_s: float = 60) -> str:
+    """The page's visible text once `predicate(text)` holds; fails with the text (and a screenshot) otherwise."""
+    deadline = time.monotonic() + timeout_s
+    text = ""
+    while time.monotonic() < deadline:
+        text = chrome.find_element("tag name", "body").text
+        if predicate(text):
+            return text
+        time.sleep(0.5)
+    pytest.fail(f"{chrome.current_url}: page never showed what was expected; it shows:\n{text[:2000]}")
+
+
+def test_prefect_ui_on_other_ports_lists_the_deployments(ui_stack, browser, infra_ui):
+    home, state = ui_stack
+    assert not state["prefect_url"].endswith(":4200")
+    assert all(ok for _, ok, _ in infra_ui.check(state)), infra_ui.check(state)
+    browser.get(f"{state['prefect_url']}/deployments")
+    text = _wait_for_text(browser, lambda t: all(name in t for name in ("compare", "curate", "evaluate", "sweep", "train")))
+    assert "Can't connect" not in text and "4200" not in text
+    browser.save_screenshot(str(home / "ui" / "prefect-deployments.png"))
+
+
+def test_ui_status_names_what_is_wrong(infra_ui, free_port):
+    """A Prefect server whose UI calls another port, a dead MLflow and no worker: three PROBLEM lines."""
+
+    class WrongUI(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the http.server API
+            body = {"/api/health": True, "/ui-settings": {"api_url": "http://127.0.0.1:4200/api"}}.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            self.end_headers()
+            self.wfile.write(json.dumps(body).encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), WrongUI)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        results = {what: (ok, detail) for what, ok, detail in infra_ui.check(
+            {"prefect_url": url, "mlflow_url": f"http://127.0.0.1:{free_port()}", "pids": {}})}
+    finally:
+        server.shutdown()
+    assert results["Prefect API"][0] is True
+    assert results["Prefect UI"] == (False, results["Prefect UI"][1])
+    assert "http://127.0.0.1:4200/api" in results["Prefect UI"][1] and f"{url}/api" in results["Prefect UI"][1]
+    assert results["MLflow"][0] is False and "does not answer" in results["MLflow"][1]
+    assert results["worker"][0] is False
+
+
+@pytest.fixture(scope="module")
+def trained(ui_stack, tmp_path_factory):
+    """A 2-step `train` flow run on a parquet file, in this process, against the `make ui` servers."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.params import TrainParams
+    from flows.train import train
+
+    home, state = ui_stack
+    data = tmp_path_factory.mktemp("data") / "openr1_sums.parquet"
+    pq.write_table(pa.Table.from_pylist([
+        {"problem": f"{a}+{a % 7}=", "answer": str(a + a % 7), "uuid": f"sum-{a}", "problem_type": "Algebra",
+         "question_type": "math-word-problem", "source": "synthetic"} for a in range(40)]), data)
+    params = TrainParams(
+        preset="ada-balance", steps=STEPS, prompts_per_step=4, curate=False, tracking_uri=state["mlflow_url"],
+        experiment="browser-test",
+        overrides={"data.dataset": str(data), "data.train_size": 32, "data.eval_size": 8, "eval_every": 1,
+                   "eval_k": 2, "checkpoint_every": 0, "sft_steps": 0},
+    )
+    with temporary_settings({PREFECT_API_URL: f"{state['prefect_url']}/api"}):
+        result = train(params)
+    return state, result, data, params.config()
+
+
+def test_mlflow_run_links_to_its_prefect_flow_run(trained, browser, ui_stack):
+    state, result, _, _ = trained
+    home, _ = ui_stack
+    client = MlflowClient(state["mlflow_url"])
+    run = client.get_run(result["run_id"])
+    prefect_url = run.data.tags[links.PREFECT_RUN_URL_TAG]
+    assert prefect_url == f"{state['prefect_url']}/runs/flow-run/{run.data.tags['prefect.flow_run_id']}"
+    assert prefect_url in run.data.tags[links.NOTE_TAG]
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert experiment.tags[tracking.EXPERIMENT_KIND_TAG] == "custom_model_development"
+
+    browser.get(links.mlflow_run_url(state["mlflow_url"], run.info.experiment_id, run.info.run_id))
+    _wait_for_text(browser, lambda t: run.info.run_name in t and "Prefect flow run" in t)
+    assert "Model training" in browser.find_element("tag name", "body").text
+    browser.save_screenshot(str(home / "ui" / "mlflow-run.png"))
+    anchors = [a for a in browser.find_elements("tag name", "a") if a.get_attribute("href") == prefect_url]
+    assert anchors, f"no link to {prefect_url} on the MLflow run page"
+    browser.get(anchors[0].get_attribute("href"))  # the anchor opens a new tab; follow it in this one
+    flow_run_name = run.data.tags[links.NOTE_TAG].split("Prefect flow run: [")[1].split("]")[0]
+    text = _wait_for_text(browser, lambda t: flow_run_name in t and "Completed" in t)
+    assert "Can't connect" not in text
+    browser.save_screenshot(str(home / "ui" / "prefect-flow-run.png"))
+
+
+def test_train_run_logs_its_data_and_budget_series(trained):
+    state, result, data, config = trained
+    client = MlflowClient(state["mlflow_url"])
+    run = client.get_run(result["run_id"])
+    prompts = load_prompts(str(data), size=config.data.train_size + config.data.eval_size, seed=config.seed)
+    train_split, eval_split = split_prompts(prompts, config.data.eval_size, config.seed)
+    inputs = {{t.key: t.value for t in i.tags}["mlflow.data.context"]: i for i in run.inputs.dataset_inputs}
+    assert set(inputs) == {"training", "evaluation"}
+    assert inputs["training"].dataset.digest == prompts_digest(train_split)
+    assert inputs["evaluation"].dataset.digest == prompts_digest(eval_split)
+    for item in inputs.values():
+        assert {t.key: t.value for t in item.tags}["ada.source_digest"] == data_digest(str(data))
+        assert data.name in item.dataset.source and json.loads(item.dataset.schema)["mlflow_colspec"]
+    assert run.data.params["dataset_hash"] == data_digest(str(data))
+
+    # One point per evaluation (steps 0..STEPS), at the cumulative samples generated by then.
+    accuracy = client.get_metric_history(run.info.run_id, f"{VS_SAMPLES}/eval_avg_at_k")
+    samples = [m.value for m in client.get_metric_history(run.info.run_id, K.BUDGET_GENERATED_SAMPLES_CUM)]
+    assert [m.step for m in accuracy] == [0, *[int(s) for s in samples]] and len(accuracy) == STEPS + 1
+    evals = client.get_metric_history(run.info.run_id, K.EVAL_AVG_AT_K)
+    assert [m.value for m in accuracy] == [m.value for m in evals]
+    compute = client.get_metric_history(run.info.run_id, f"{VS_MFLOPS}/eval_avg_at_k")
+    assert len(compute) == STEPS + 1 and compute[0].step == 0 and compute[-1].step > compute[1].step > 0
+    assert len(client.get_metric_history(run.info.run_id, f"{VS_SAMPLES}/reward_mean")) == STEPS
+
+
+def test_prefect_shows_progress_and_links_to_mlflow(trained):
+    state, result, _, _ = trained
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, LogFilter, LogFilterFlowRunId
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    client = MlflowClient(state["mlflow_url"])
+    run = client.get_run(result["run_id"])
+    flow_run_id = run.data.tags["prefect.flow_run_id"]
+    with temporary_settings({PREFECT_API_URL: f"{state['prefect_url']}/api"}):
+        with get_client(sync_client=True) as prefect:
+            artifacts = prefect.read_artifacts(artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+            logs = prefect.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+    by_type = {}
+    for artifact in artifacts:
+        by_type.setdefault(artifact.type, []).append(artifact)
+    [progress] = by_type["progress"]
+    assert progress.data == 100.0 and progress.description.endswith(f"step {STEPS} of {STEPS}")
+    [table] = by_type["table"]
+    rows = {row["key"]: row for row in json.loads(table.data)}
+    assert rows[K.EVAL_AVG_AT_K]["step"] == STEPS and rows[K.REWARD_MEAN]["metric"] == "reward (round-1 mean)"
+    run_url = links.mlflow_run_url(state["mlflow_url"], run.info.experiment_id, run.info.run_id)
+    [markdown] = by_type["markdown"]
+    assert f"]({run_url})" in markdown.data
+    lines = [log.message for log in logs]
+    assert any(line.endswith(run_url) for line in lines), lines  # the URL ends the line: nothing glued on
