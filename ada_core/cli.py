@@ -29,6 +29,10 @@ def simulate(
     frac_one: float = typer.Option(0.15, min=0.0, max=1.0, help="Share of solved prompts (p = 1)."),
     beta_a: float = typer.Option(0.5, min=1e-6, help="Beta(a, b) of the other pass rates: a."),
     beta_b: float = typer.Option(0.5, min=1e-6, help="Beta(a, b) of the other pass rates: b."),
+    pool: int | None = typer.Option(
+        None, min=1, help="Prompts in the dataset (default 8 x --prompts: fresh prompts every step). A pool smaller "
+                          "than --prompts x --steps is reused over epochs, so history can inform the budgeted samplers."),
+    curation_k: int = typer.Option(0, min=0, help="Give every prompt a curated pass rate measured from this many draws."),
     json_path: Path | None = typer.Option(None, "--json", help="Write the per-method summary here."),
     png_path: Path | None = typer.Option(None, "--png", help="Write the plot here."),
 ) -> None:
@@ -38,16 +42,19 @@ def simulate(
     if frac_zero + frac_one > 1.0:
         raise typer.BadParameter(f"--frac-zero + --frac-one = {frac_zero + frac_one} must be <= 1")
     mix = DifficultyMix(frac_zero=frac_zero, frac_one=frac_one, beta_a=beta_a, beta_b=beta_b)
-    results = run_simulation(num_prompts=prompts, steps=steps, seed=seed, mix=mix)
+    if pool is not None and pool < prompts:
+        raise typer.BadParameter(f"--pool {pool} must be >= --prompts {prompts}")
+    results = run_simulation(num_prompts=prompts, steps=steps, seed=seed, mix=mix, pool=pool, curation_k=curation_k)
     typer.echo(
-        f"{prompts} prompts x {steps} steps, seed {seed}; pass rates: {frac_zero:.0%} p=0, {frac_one:.0%} p=1, "
+        f"{prompts} prompts x {steps} steps, seed {seed}, pool {pool or 8 * prompts}, curation_k {curation_k}; pass rates: {frac_zero:.0%} p=0, {frac_one:.0%} p=1, "
         f"rest Beta({beta_a:g}, {beta_b:g}); expected zero-variance groups at n=4: {mix.zero_variance_frac(4):.1%}"
     )
     typer.echo(format_table(results))
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         payload = {
-            "config": {"prompts": prompts, "steps": steps, "seed": seed, "difficulty": mix.__dict__},
+            "config": {"prompts": prompts, "steps": steps, "seed": seed, "pool": pool, "curation_k": curation_k,
+                       "difficulty": mix.__dict__},
             "methods": results,
         }
         json_path.write_text(json.dumps(payload, indent=2, allow_nan=True) + "\n")
@@ -108,6 +115,32 @@ def train(
         raise typer.Exit(INPUT_ERROR_EXIT) from None
     typer.echo(json.dumps({k: round(v, 4) for k, v in sorted(last.items())}, indent=1))
     typer.echo(f"run directory: {out}")
+
+
+@app.command()
+def ledger(
+    run_dir: Path = typer.Argument(..., help="A run folder (it holds ledger.json)."),
+    csv: bool = typer.Option(False, "--csv", help="CSV instead of JSON."),
+    url: str | None = typer.Option(None, help="Database URL (default: $ADA_LEDGER_URL, else the one in ledger.json)."),
+) -> None:
+    """Per-prompt totals of a run's prompt ledger: draws, samples, positives, pass rate, groups trained."""
+    import csv as csv_module
+    import sys
+
+    from ada_core.ledger import prompt_totals, read_rows
+
+    try:
+        totals = prompt_totals(read_rows(run_dir, url))
+    except (FileNotFoundError, ValueError) as err:
+        raise typer.BadParameter(str(err), param_hint="RUN_DIR") from None
+    if csv:
+        fields = ["prompt_id", "draws", "samples", "positives", "pass_rate", "trained", "skipped", "resolved",
+                  "first_step", "last_step"]
+        writer = csv_module.DictWriter(sys.stdout, fieldnames=fields, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(totals)
+    else:
+        typer.echo(json.dumps(totals, indent=1))
 
 
 if __name__ == "__main__":

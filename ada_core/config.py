@@ -28,16 +28,18 @@ class _Strict(BaseModel):
 class SamplerConfig(_Strict):
     """How each step's groups are drawn."""
 
-    name: Literal["fixed", "dynamic_filter", "ada"] = Field(
+    name: Literal["fixed", "dynamic_filter", "ada", "budgeted"] = Field(
         "fixed",
         description="Sampler: `fixed` = GRPO (n per prompt in one call), `dynamic_filter` = DAPO dynamic "
-        "sampling, `ada` = Reinforce-Ada successive elimination.",
+        "sampling, `ada` = Reinforce-Ada successive elimination, `budgeted` = a fixed per-step budget spent "
+        "by `allocation` (ada_core/allocation.py).",
     )
     n: int = Field(4, ge=2, description="Final group size per prompt (samples trained on). Paper/ref: 4.")
-    exit_rule: Literal["pos", "balance"] = Field(
+    exit_rule: Literal["pos", "balance", "mixed"] = Field(
         "balance",
         description="ada: when a prompt stops sampling. `pos` = at least 1 positive; `balance` = at least "
-        "n//2 positives and n - n//2 negatives. Ref default: balance.",
+        "n//2 positives and n - n//2 negatives; `mixed` = at least 1 of each (ours). Ref default: balance. "
+        "`budgeted` always uses `mixed`.",
     )
     M: int = Field(8, ge=1, description="ada: samples per active prompt per round. Ref: 8.")
     N: int = Field(4, ge=1, description="ada: maximum number of rounds. Ref: 4.")
@@ -88,6 +90,41 @@ class SamplerConfig(_Strict):
         "starves the server, too large wastes tokens on aborted samples; 8 minimised generation time at the "
         "paper's scale in our server model (docs/BENCHMARKS.md `## Streaming elimination`). Ours.",
     )
+    # budgeted (ada_core/allocation.py); ours, after Knapsack RL, VIP, GRESO and MoPPS.
+    allocation: Literal["posterior", "elimination"] = Field(
+        "posterior",
+        description="budgeted: `posterior` = greedy by marginal gain in expected mixed pools, one engine call; "
+        "`elimination` = Ada's rounds under the budget, exited prompts' leftover moved to the active ones.",
+    )
+    budget: int | None = Field(
+        None, ge=1,
+        description="budgeted: samples generated per step, never exceeded. None = prompts_per_step x n, GRPO's "
+        "samples per step, so per-step curves are equal-generation curves.",
+    )
+    prior_strength: float = Field(
+        1.0, gt=0.0,
+        description="budgeted: every prompt's prior is Beta(s/2, s/2) (1 = Jeffreys, 2 = flat) plus, for curated "
+        "prompts, their measured pass rate as pseudo-counts.",
+    )
+    prior_weight: float = Field(
+        1.0, ge=0.0,
+        description="budgeted: a curated prompt's curation_k samples count as this many pseudo-observations each.",
+    )
+    forget: float = Field(
+        0.99, gt=0.0, le=1.0,
+        description="budgeted: a prompt's training evidence is multiplied by this per step since it was seen "
+        "(the policy moves). 1 = never forget.",
+    )
+    skip_confidence: float = Field(
+        0.8, gt=0.0, le=1.0,
+        description="budgeted: skip a prompt before rollout when its posterior gives its n-group this "
+        "probability (or more) of being uniform. 1 = skip only what the budget cannot reach.",
+    )
+    explore_after: int = Field(
+        2, ge=0,
+        description="budgeted: the exploration floor. A prompt skipped this many draws in a row gets n samples on "
+        "its next draw, so it is retested within explore_after + 1 draws. 0 = never skip.",
+    )
 
     @property
     def first_round(self) -> int:
@@ -96,6 +133,8 @@ class SamplerConfig(_Strict):
     @property
     def max_samples_per_prompt(self) -> int:
         """The most samples one prompt can draw in a step."""
+        if self.name == "budgeted":
+            return self.n + (self.N - 1) * self.M
         if self.name != "ada":
             return self.n
         return self.first_round + (self.N - 1) * self.M
@@ -114,6 +153,8 @@ class SamplerConfig(_Strict):
                 f"sampler.M0 + (sampler.N - 1) * sampler.M = {self.max_samples_per_prompt} must be >= "
                 f"sampler.n = {self.n}: a prompt could never fill its group"
             )
+        if self.name == "budgeted" and self.budget is not None and self.budget < self.n:
+            raise ValueError(f"sampler.budget = {self.budget} is below sampler.n = {self.n}: no group could be filled")
         return self
 
 
@@ -256,6 +297,29 @@ class DataConfig(_Strict):
     pass_rate_ceiling: float = Field(
         0.3125, gt=0.0, le=1.0, description="Difficulty filter keeps 0 < pass rate <= this. Paper easy: 0.3125."
     )
+    train_pool: int | None = Field(
+        None, ge=1,
+        description="Train on only the first this-many training prompts (after the held-out split), reused over "
+        "epochs: the paper's fixed-pool regime. None = all of them. Ours.",
+    )
+
+
+class LedgerConfig(_Strict):
+    """The prompt ledger (ada_core/ledger.py): one SQL row per (run, step, prompt drawn)."""
+
+    enabled: bool = Field(True, description="Write the prompt ledger. Ours: on.")
+    url: str | None = Field(
+        None,
+        description="SQLAlchemy URL, e.g. postgresql://user@host/db. None = $ADA_LEDGER_URL, else SQLite at "
+        "$ADA_HOME/ledger.db. No passwords here (the config is logged): use $ADA_LEDGER_URL or PGPASSWORD.",
+    )
+
+    @model_validator(mode="after")
+    def _no_password(self) -> "LedgerConfig":
+        if self.url and re.search(r"://[^/@]*:[^/@]*@", self.url):
+            raise ValueError("ledger.url holds a password; the config is logged, so pass it via $ADA_LEDGER_URL "
+                             "or PGPASSWORD instead")
+        return self
 
 
 class CheckpointConfig(_Strict):
@@ -318,6 +382,7 @@ class TrainConfig(_Strict):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    ledger: LedgerConfig = Field(default_factory=LedgerConfig)
 
     @model_validator(mode="after")
     def _streaming_needs_vllm(self) -> "TrainConfig":
@@ -347,6 +412,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     "ada-balance": {
         "sampler": {"name": "ada", "exit_rule": "balance", "n": 4},  # ref default variant
+        "advantage": {"name": "global_mean"},
+    },
+    # Fixed budget = GRPO's B x n samples a step (ours; docs/ALGORITHM.md gives each idea's source).
+    "ada-est": {
+        "sampler": {"name": "budgeted", "allocation": "posterior", "n": 4},  # Knapsack RL / VIP / MoPPS
+        "advantage": {"name": "global_mean"},  # pool-mean baseline, as Ada
+    },
+    "ada-budget": {
+        "sampler": {"name": "budgeted", "allocation": "elimination", "n": 4},  # Ada rounds + GRESO skip
         "advantage": {"name": "global_mean"},
     },
 }

@@ -26,6 +26,9 @@ SAMPLER_P_HAT_MEAN = "sampler/p_hat_mean"
 SAMPLER_GEN_BATCHES = "sampler/gen_batches"  # dapo
 SAMPLER_FELL_BACK = "sampler/fell_back"  # dapo: 1 when the cap was hit before B groups were kept
 SAMPLER_TIME_S = "sampler/bookkeeping_s"  # the sampler's own time, engine and verifier excluded
+SAMPLER_BUDGET = "sampler/budget"  # budgeted: the step's sample budget
+SAMPLER_FORCED = "sampler/explore_forced"  # budgeted: prompts retested by the exploration floor
+SAMPLER_EXPECTED_INFORMATIVE = "sampler/expected_informative"  # budgeted: sum of posterior P(mixed pool)
 
 
 def active_prompts_key(round_index: int) -> str:

@@ -65,7 +65,7 @@ class PromptPool:
     prompt: Prompt
     samples: list[Sample] = field(default_factory=list)
     exit_reason: str = "active"
-    """`pos`, `balance`, `fixed`, `varied`, `uniform` or `unresolved` once sampling is over."""
+    """`pos`, `balance`, `mixed`, `fixed`, `varied`, `uniform`, `skipped` or `unresolved` once sampling is over."""
     rounds: int = 0
 
     def rewards(self) -> list[float]:
@@ -108,6 +108,8 @@ class RolloutBatch:
 
     groups: list[Group]
     metrics: dict[str, float] = field(default_factory=dict)
+    pools: list[PromptPool] = field(default_factory=list)
+    """Every prompt drawn this step with its whole pool (kept or not): what the prompt ledger records."""
 
     @property
     def samples(self) -> list[Sample]:

@@ -2,7 +2,7 @@
 
 A step takes B prompts and hands the update engine one `Group` of exactly n scored samples per kept
 prompt. A prompt whose n rewards are all equal gets zero advantage and teaches nothing, and at the
-start (hard prompts) and end (easy prompts) of training most groups are like that. Three samplers,
+start (hard prompts) and end (easy prompts) of training most groups are like that. Four samplers,
 chosen by `SamplerConfig.name`, answer this differently:
 
 - `fixed` (GRPO): one engine call, n samples per prompt; keep every group.
@@ -18,6 +18,9 @@ chosen by `SamplerConfig.name`, answer this differently:
       prompts still active are unresolved: `keep` them (reference code) or `drop` them (paper)
       group = downsample(pool, n); advantages = estimator(group rewards, WHOLE pool rewards)
 
+- `budgeted` (ours, beyond the paper): GRPO's B x n samples a step (or `sampler.budget`), spent by a
+  history-informed allocation policy; `BudgetedSampler` below and ada_core/allocation.py.
+
 Every sampler draws through `draw_and_score` (one engine call plus the verifier, with the input
 checks) and reports `ada_core.sampler_metrics.step_metrics`. The rng passed to `sample` seeds
 every engine call and every downsampling draw, so a step is reproducible given its rng.
@@ -30,12 +33,13 @@ import math
 import numbers
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from ada_core import metrics as mk
 from ada_core.advantages import compute_advantages
+from ada_core.allocation import PromptHistory, greedy_allocation, mixed_prob, select_prompts, step_budget
 from ada_core.config import AdvantageConfig, SamplerConfig
 from ada_core.protocols import PromptSource, RolloutEngine, SamplingParams, Verifier
 from ada_core.records import Group, Prompt, PromptPool, RolloutBatch, Sample, VerifierStatus
@@ -123,6 +127,7 @@ def apply_verdict(prompt: Prompt, sample: Sample, verdict, round_index: int) -> 
 EXIT_RULES = {
     "pos": lambda n: (1, 0),
     "balance": lambda n: (n // 2, n - n // 2),
+    "mixed": lambda n: (1, 1),  # the fewest for a nonzero advantage; the budgeted sampler's rule
 }
 
 
@@ -335,8 +340,109 @@ class AdaSampler:
         return _finish(pools, groups, clock, cfg, [cfg.exit_rule, "unresolved"])
 
 
-Sampler = FixedSampler | DynamicFilterSampler | AdaSampler
-SAMPLERS: dict[str, type[Sampler]] = {"fixed": FixedSampler, "dynamic_filter": DynamicFilterSampler, "ada": AdaSampler}
+@dataclass
+class BudgetedSampler:
+    """A fixed budget of samples per step (`sampler.budget`, default B x n), spent by an allocation
+    policy that remembers every prompt across steps (ada_core/allocation.py explains both).
+
+        forced, candidates = select_prompts(...)      exploration floor first; skip confident 0s and 1s
+        posterior:   alloc = greedy_allocation(...)   ONE engine call, k_i in {0} or [n, cap]
+        elimination: round 0 n each (as many as fit); then, while budget lasts, M per prompt whose
+                     pool is not yet mixed, shrunk to fit (allocate_round); at most N rounds
+        group = downsample(pool, n) for every pool of >= n; the history observes every pool
+
+    Exit reasons: `mixed`, `unresolved` (a uniform pool; kept or dropped per `unresolved`) and
+    `skipped` (no samples). The history lives on the sampler: `state_dict` / `load_state_dict`.
+    """
+
+    cfg: SamplerConfig
+    advantage: AdvantageConfig
+    history: PromptHistory = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.history = PromptHistory(self.cfg.prior_strength, self.cfg.prior_weight, self.cfg.forget)
+
+    def state_dict(self) -> dict:
+        return self.history.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history.load_state_dict(state)
+
+    def sample(
+        self,
+        prompts: list[Prompt],
+        engine: RolloutEngine,
+        verifier: Verifier,
+        sampling: SamplingParams,
+        rng: np.random.Generator,
+        source: PromptSource | None = None,
+    ) -> RolloutBatch:
+        clock = StepClock()
+        _check_prompts(prompts)
+        cfg, n, threshold, history = self.cfg, self.cfg.n, self.cfg.positive_threshold, self.history
+        budget = step_budget(cfg.budget, len(prompts), n)
+        cap = cfg.max_samples_per_prompt
+        forced, candidates, post = select_prompts(prompts, history, n, budget, cfg.skip_confidence, cfg.explore_after)
+        pools = [PromptPool(p) for p in prompts]
+        if cfg.allocation == "posterior":
+            chosen = forced + candidates
+            start = [n] * len(forced) + [0] * len(candidates)
+            alloc = greedy_allocation([post[i] for i in chosen], n, budget, cap, start)
+            requests = [(i, k) for i, k in zip(chosen, alloc) if k > 0]
+            self._draw(pools, requests, 0, engine, verifier, sampling, rng, clock)
+        else:
+            # Round 0: n for each forced prompt, then the likeliest to mix, as many as the budget allows.
+            ranked = sorted(candidates, key=lambda i: -mixed_prob(*post[i], n))
+            started = (forced + ranked)[: budget // n]
+            self._draw(pools, [(i, n) for i in started], 0, engine, verifier, sampling, rng, clock)
+            spent = n * len(started)
+            active = [i for i in started if not has_exited(pools[i], "mixed", n, threshold)]
+            for r in range(1, cfg.N):
+                alloc = allocate_round(cfg.M, [len(pools[i].samples) for i in active], budget - spent)
+                requests = [(i, k) for i, k in zip(active, alloc) if k > 0]
+                if not requests:
+                    break
+                self._draw(pools, requests, r, engine, verifier, sampling, rng, clock)
+                spent += sum(k for _, k in requests)
+                active = [i for i in active if not has_exited(pools[i], "mixed", n, threshold)]
+        expected = sum(mixed_prob(*post[i], len(pool.samples)) for i, pool in enumerate(pools))
+
+        downsample, groups = DOWNSAMPLERS[cfg.downsample], []
+        for i, pool in enumerate(pools):
+            belief = history.belief(pool.prompt.id)
+            belief.draws += 1
+            if not pool.samples:
+                pool.exit_reason = "skipped"
+                belief.skipped_in_a_row += 1
+                continue
+            belief.skipped_in_a_row = 0
+            pos = pool.num_positive(threshold)
+            history.observe(pool.prompt.id, pos, len(pool.samples) - pos)
+            pool.exit_reason = "mixed" if 0 < pos < len(pool.samples) else "unresolved"
+            if pool.exit_reason == "unresolved" and cfg.unresolved == "drop":
+                continue
+            groups.append(make_group(pool, downsample(pool.samples, n, threshold, rng), self.advantage, threshold))
+        history.end_step()
+        extra = {mk.SAMPLER_BUDGET: float(budget), mk.SAMPLER_FORCED: float(len(forced)),
+                 mk.SAMPLER_EXPECTED_INFORMATIVE: expected}
+        return _finish(pools, groups, clock, cfg, ["mixed", "unresolved", "skipped"], extra, needed=(1, 1))
+
+    @staticmethod
+    def _draw(pools, requests, round_index, engine, verifier, sampling, rng, clock) -> None:
+        if not requests:
+            return
+        clock.active_per_round.append(len(requests))
+        drawn = draw_and_score([(pools[i].prompt, k) for i, k in requests], round_index, engine, verifier, sampling,
+                               rng, clock)
+        for (i, _), samples in zip(requests, drawn):
+            pools[i].samples.extend(samples)
+            pools[i].rounds = round_index + 1
+
+
+Sampler = FixedSampler | DynamicFilterSampler | AdaSampler | BudgetedSampler
+SAMPLERS: dict[str, type[Sampler]] = {
+    "fixed": FixedSampler, "dynamic_filter": DynamicFilterSampler, "ada": AdaSampler, "budgeted": BudgetedSampler,
+}
 
 
 def make_sampler(sampler_cfg: SamplerConfig, advantage_cfg: AdvantageConfig) -> Sampler:
@@ -355,12 +461,13 @@ def _check_prompts(prompts: Sequence[Prompt]) -> None:
         raise ValueError(f"sampler got duplicate prompt ids {dup}: each prompt appears once per step")
 
 
-def _finish(pools, groups, clock, cfg: SamplerConfig, exit_reasons, extra=None) -> RolloutBatch:
-    """Wrap the kept groups with the step's metrics (ada_core.sampler_metrics)."""
-    needed = EXIT_RULES[cfg.exit_rule](cfg.n) if cfg.name == "ada" else (0, 0)
+def _finish(pools, groups, clock, cfg: SamplerConfig, exit_reasons, extra=None, needed=None) -> RolloutBatch:
+    """Wrap the kept groups with the step's metrics (ada_core.sampler_metrics) and every pool."""
+    if needed is None:
+        needed = EXIT_RULES[cfg.exit_rule](cfg.n) if cfg.name == "ada" else (0, 0)
     metrics = step_metrics(pools, groups, clock, cfg.positive_threshold, exit_reasons, needed)
     metrics.update(extra or {})
     metrics[mk.SAMPLER_TIME_S] = clock.bookkeeping_s()  # last, so it includes computing the metrics
-    return RolloutBatch(groups=groups, metrics=mk.check_keys(metrics))
+    return RolloutBatch(groups=groups, metrics=mk.check_keys(metrics), pools=pools)
 
 

@@ -23,6 +23,7 @@ from ada_core.config import AdvantageConfig, SamplerConfig
 from ada_core.protocols import PromptSource, SamplingParams, Verdict
 from ada_core.records import Prompt, PromptPool, RolloutBatch, Sample, VerifierStatus
 from ada_core.sampler_metrics import StepClock, step_metrics
+from ada_core.allocation import greedy_allocation, step_budget
 from ada_core.sampling import downsample_balanced, draw_and_score, make_group, make_sampler
 
 
@@ -52,12 +53,24 @@ class DifficultyMix:
         return self.frac_zero + self.frac_one + middle * (beta_moment(a, b) + beta_moment(b, a))
 
 
-def make_prompts(num: int, rng: np.random.Generator, mix: DifficultyMix = DifficultyMix()) -> list[Prompt]:
-    """`num` prompts `sim-0`, `sim-1`, ... with pass rates drawn from `mix`."""
-    return [
-        Prompt(id=f"sim-{i}", text=f"sim prompt {i}", answer="1", source="simulate", meta={"pass_rate": float(p)})
-        for i, p in enumerate(mix.draw(num, rng))
-    ]
+def make_prompts(num: int, rng: np.random.Generator, mix: DifficultyMix = DifficultyMix(),
+                 curation_k: int = 0) -> list[Prompt]:
+    """`num` prompts `sim-0`, `sim-1`, ... with pass rates drawn from `mix`.
+
+    With `curation_k` > 0 each prompt also carries what ada_core.curation would have measured: the
+    pass rate of `curation_k` draws in `prompt.difficulty` and `meta["curation_k"]` (the budgeted
+    sampler's prior reads these; the true rate stays in `meta["pass_rate"]`, which only the engine reads).
+    """
+    rates = mix.draw(num, rng)
+    measured = rng.binomial(curation_k, rates) / curation_k if curation_k > 0 else [None] * num
+    prompts = []
+    for i, (p, m) in enumerate(zip(rates, measured)):
+        meta = {"pass_rate": float(p)}
+        if m is not None:
+            meta["curation_k"] = curation_k
+        prompts.append(Prompt(id=f"sim-{i}", text=f"sim prompt {i}", answer="1", source="simulate",
+                              difficulty=None if m is None else float(m), meta=meta))
+    return prompts
 
 
 def pass_rate(prompt: Prompt) -> float:
@@ -166,7 +179,43 @@ class OracleSampler:
             pools, groups, clock, cfg.positive_threshold, [self.rule, "unresolved", "skipped"], (need_pos, need_neg)
         )
         batch_metrics[mk.SAMPLER_TIME_S] = clock.bookkeeping_s()
-        return RolloutBatch(groups, batch_metrics)
+        return RolloutBatch(groups, batch_metrics, pools)
+
+
+@dataclass
+class BudgetOracle:
+    """The budgeted samplers' ceiling: the same greedy allocation under the same budget (default B x n)
+    and per-prompt cap, but with every TRUE pass rate, so f(k) = 1 - p^k - (1-p)^k is known exactly.
+
+    p in {0, 1} is skipped (f = 0). One engine call. No sampler with that budget and cap expects more
+    mixed pools from a static allocation.
+    """
+
+    n: int = 4
+    budget: int | None = None
+    max_samples_per_prompt: int = 16
+    advantage: AdvantageConfig = field(default_factory=lambda: AdvantageConfig(name="global_mean"))
+
+    def sample(self, prompts, engine, verifier, sampling, rng, source=None) -> RolloutBatch:
+        clock = StepClock()
+        threshold = SamplerConfig().positive_threshold
+        budget = step_budget(self.budget, len(prompts), self.n)
+        known = [(pass_rate(p) * 1e9, (1.0 - pass_rate(p)) * 1e9) for p in prompts]  # Beta with no spread
+        alloc = greedy_allocation(known, self.n, budget, self.max_samples_per_prompt)
+        pools = [PromptPool(p, exit_reason="skipped") for p in prompts]
+        requests = [(i, k) for i, k in enumerate(alloc) if k > 0]
+        if requests:
+            clock.active_per_round.append(len(requests))
+            drawn = draw_and_score([(prompts[i], k) for i, k in requests], 0, engine, verifier, sampling, rng, clock)
+            for (i, _), samples in zip(requests, drawn):
+                pools[i].samples, pools[i].rounds = samples, 1
+                pos = pools[i].num_positive(threshold)
+                pools[i].exit_reason = "mixed" if 0 < pos < len(samples) else "unresolved"
+        groups = [make_group(pool, downsample_balanced(pool.samples, self.n, threshold, rng), self.advantage, threshold)
+                  for pool in pools if pool.samples]
+        batch_metrics = step_metrics(pools, groups, clock, threshold, ["mixed", "unresolved", "skipped"], (1, 1))
+        batch_metrics[mk.SAMPLER_TIME_S] = clock.bookkeeping_s()
+        return RolloutBatch(groups, batch_metrics, pools)
 
 
 def default_methods() -> dict[str, object]:
@@ -182,21 +231,39 @@ def default_methods() -> dict[str, object]:
             methods[f"ada-{rule}-m{M}"] = make_sampler(cfg, global_mean)
     methods["oracle-mixed"] = OracleSampler(rule="mixed", n=4, max_samples_per_prompt=32)
     methods["oracle-balance"] = OracleSampler(rule="balance", n=4, max_samples_per_prompt=32)
+    methods.update(budgeted_methods())
+    return methods
+
+
+def budgeted_methods() -> dict[str, object]:
+    """The fixed-budget samplers at GRPO n=4's samples per step (B x 4), with the tiny profile's M = 4,
+    N = 4 (cap 16 per prompt), and their ceiling with known pass rates."""
+    global_mean = AdvantageConfig(name="global_mean")
+    methods: dict[str, object] = {}
+    for name, allocation in (("ada-est", "posterior"), ("ada-budget", "elimination")):
+        cfg = SamplerConfig(name="budgeted", allocation=allocation, n=4, M=4, N=4)
+        methods[name] = make_sampler(cfg, global_mean)
+    methods["oracle-budget"] = BudgetOracle(n=4, max_samples_per_prompt=16)
     return methods
 
 
 def run_simulation(
     num_prompts: int = 512, steps: int = 4, seed: int = 0, mix: DifficultyMix = DifficultyMix(),
-    methods: dict[str, object] | None = None,
+    methods: dict[str, object] | None = None, pool: int | None = None, curation_k: int = 0,
 ) -> dict[str, dict[str, float]]:
     """Run every method for `steps` steps of `num_prompts` prompts; return a summary per method.
 
-    All methods see the same dataset (8 x num_prompts prompts), the same prompt order (a PromptSource
-    seeded by `seed`) and the same per-step rng seeds, so differences come from the samplers.
+    All methods see the same dataset (`pool` prompts, default 8 x num_prompts), the same prompt order
+    (a PromptSource seeded by `seed`) and the same per-step rng seeds, so differences come from the
+    samplers. A pool smaller than steps x num_prompts is reused over epochs (the paper's regime, where
+    a prompt's history can inform its next draw); the default never repeats a prompt in 8 steps.
+    `curation_k` gives every prompt a curated pass-rate measurement (see `make_prompts`).
     """
     if num_prompts < 1 or steps < 1:
         raise ValueError(f"num_prompts and steps must be >= 1, got {num_prompts} and {steps}")
-    dataset = make_prompts(8 * num_prompts, np.random.default_rng(seed), mix)
+    if pool is not None and pool < num_prompts:
+        raise ValueError(f"pool={pool} must hold at least num_prompts={num_prompts} prompts")
+    dataset = make_prompts(pool or 8 * num_prompts, np.random.default_rng(seed), mix, curation_k)
     engine, verifier, sampling = BernoulliEngine(), BernoulliVerifier(), SamplingParams(max_tokens=14)
     results = {}
     for name, sampler in (methods or default_methods()).items():

@@ -10,6 +10,7 @@ Run directory layout:
     generations.jsonl      sampled eval generations every E steps
     checkpoints/step_N/    hf/ weights + tokenizer, optimizer/, trainer_state.json, MANIFEST.json
                            (sha256 of every file), COMPLETE marker; the newest `checkpoint.keep_last` kept
+    ledger.json            the prompt ledger's run id and database (ada_core/ledger.py)
 
 Resume takes the newest checkpoint whose files match their manifest (ada_core/checkpoints.py) and
 trims every per-step file (metrics.jsonl, generations.jsonl) back to its step.
@@ -40,6 +41,7 @@ from ada_core.config import TrainConfig
 from ada_core.data import DatasetError, load_prompts, split_prompts, warm_start_prompts
 from ada_core.engines.rank_group import build_update_engine
 from ada_core.engines.transformers_engine import TransformersRolloutEngine
+from ada_core.ledger import Ledger
 from ada_core.models import encode_prompts, load_policy, resolve_model, sft_warm_start
 from ada_core.protocols import PromptSource, RolloutEngine, SamplingParams, UpdateEngine
 from ada_core.records import Prompt, RolloutBatch
@@ -77,6 +79,9 @@ class RunState:
     num_params: int = 0
     skipped_prompts: int = 0  # longer than data.max_prompt_tokens
     resumed_from: CheckpointChoice | None = None
+    sampler: Any = None
+    """Built once by `setup`: the budgeted sampler keeps per-prompt history across steps (saved in checkpoints)."""
+    ledger: Ledger | None = None
 
     @property
     def sampling(self) -> SamplingParams:
@@ -85,6 +90,8 @@ class RunState:
 
     def close(self) -> None:
         try:
+            if self.ledger is not None:
+                self.ledger.close()
             self.verifier.close()
             close = getattr(self.rollout, "close", None)  # the vLLM engine stops its server
             if close is not None:
@@ -133,6 +140,8 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
 
     prompts = load_prompts(config.data.dataset, size=config.data.train_size + config.data.eval_size, seed=config.seed)
     train_prompts, eval_prompts = split_prompts(prompts, eval_size=config.data.eval_size, seed=config.seed)
+    if config.data.train_pool is not None:
+        train_prompts = train_prompts[: config.data.train_pool]  # the fixed pool reused over epochs
 
     if checkpoint is not None:
         model_dir = checkpoint / "hf"
@@ -167,11 +176,14 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
         num_params=sum(p.numel() for p in model.parameters()),
         skipped_prompts=skipped,
         resumed_from=choice,
+        sampler=make_sampler(config.sampler, config.advantage),
     )
     try:
         (output_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(), sort_keys=False))
         if checkpoint is not None:
             _restore(state, checkpoint)
+        if config.ledger.enabled:
+            state.ledger = _start_ledger(config, output_dir, checkpoint, step)
     except BaseException:
         state.close()  # a launched vLLM server must not outlive a failed set-up
         raise
@@ -214,7 +226,7 @@ def build_rollout_engine(config: TrainConfig, model_dir: Path, updater: UpdateEn
 
 def rollout_step(state: RunState) -> RolloutBatch:
     """Draw this step's prompts and run the configured sampler over them."""
-    sampler = make_sampler(state.config.sampler, state.config.advantage)
+    sampler = state.sampler or make_sampler(state.config.sampler, state.config.advantage)
     prompts = state.source.take(state.config.prompts_per_step)
     return sampler.sample(prompts, state.rollout, state.verifier, state.sampling, state.rng, source=state.source)
 
@@ -267,6 +279,8 @@ def evaluate(state: RunState) -> dict[str, float]:
 
 def save_checkpoint(state: RunState) -> Path:
     """Write HF weights, optimizer, RNG states and the data cursor; atomically (tmp dir, then rename)."""
+    if state.ledger is not None:
+        state.ledger.flush()  # every row up to this step is committed before the checkpoint exists
     root = state.output_dir / "checkpoints"
     final = root / f"step_{state.step:06d}"
     tmp = root / f".tmp_step_{state.step:06d}"
@@ -282,6 +296,8 @@ def save_checkpoint(state: RunState) -> Path:
         "source": state.source.state_dict(),
         "numpy_rng": state.rng.bit_generator.state,
         "python_rng": _jsonable(random.getstate()),
+        "sampler": state.sampler.state_dict() if hasattr(state.sampler, "state_dict") else None,
+        "ledger": state.ledger.state_dict() if state.ledger is not None else None,
     }
     (tmp / "trainer_state.json").write_text(json.dumps(trainer_state))
     torch.save(torch.get_rng_state(), tmp / "torch_rng.pt")
@@ -290,6 +306,15 @@ def save_checkpoint(state: RunState) -> Path:
     tmp.rename(final)
     prune_checkpoints(state.output_dir, state.config.checkpoint.keep_last, newest_good=final)
     return final
+
+
+def _start_ledger(config: TrainConfig, output_dir: Path, checkpoint: Path | None, step: int) -> Ledger:
+    """The run's prompt ledger; a resume continues the checkpoint's ledger run after its step."""
+    saved = json.loads((checkpoint / "trainer_state.json").read_text()).get("ledger") if checkpoint else None
+    run_id = saved.get("run_id") if saved else None
+    same_dir = checkpoint is not None and checkpoint.parents[1].resolve() == output_dir.resolve()
+    return Ledger.start(config.ledger.url, output_dir, config.sampler.positive_threshold, resume_run_id=run_id,
+                        resume_step=step, resume_same_dir=same_dir)
 
 
 def _checkpoint_step(checkpoint: Path) -> int:
@@ -312,6 +337,8 @@ def _restore(state: RunState, checkpoint: Path) -> None:
     state.source.load_state_dict(saved["source"])
     state.rng.bit_generator.state = saved["numpy_rng"]
     random.setstate(_python_rng(saved["python_rng"]))
+    if saved.get("sampler") is not None and hasattr(state.sampler, "load_state_dict"):
+        state.sampler.load_state_dict(saved["sampler"])
     torch.set_rng_state(torch.load(checkpoint / "torch_rng.pt"))
     state.updater.load(checkpoint / "optimizer")
     for name in PER_STEP_FILES:
@@ -354,6 +381,8 @@ def run_steps(state: RunState, steps: StepFunctions = DEFAULT_STEPS, callbacks: 
             step_s = time.perf_counter() - start
             state.step += 1
             state.elapsed_s += step_s
+            if state.ledger is not None:  # queued here, written by the ledger's thread
+                state.ledger.record(state.step, batch.pools, {g.prompt.id for g in batch.groups})
             last = step_metrics(state, batch, update, step_s)
             _append_jsonl(metrics_path, {"step": state.step, **last})
             if callbacks.on_step:

@@ -1,10 +1,17 @@
-"""`compare` flow: GRPO against Ada-pos and Ada-balance over seeds, plus a matched-budget GRPO control.
+"""`compare` flow: GRPO against Ada-pos and Ada-balance (and the budgeted `ada-est`, `ada-budget`) over
+seeds and data regimes, plus a matched-budget GRPO control.
 
 Per seed, each variant trains as a `train` subflow and an MLflow child run of one parent. The
 matched control is GRPO with `prompts_per_step = matched_grpo_prompts(mean samples per step of
 that seed's Ada-balance run, n)`, so both generate about the same samples a step (DESIGN.md
 section 2: per-step curves flatter the sampler that spends more). The report plots every run
-against steps, samples, trained tokens, wall time and FLOPs; the best policy is registered.
+against steps, samples, trained tokens, wall time and FLOPs, and gives every variant's paired
+difference from `reference` (same seed, same regime) with a 95% confidence interval at equal
+generated samples, trained tokens, FLOPs and measured step time; the best policy is registered.
+
+Regimes (`regimes`): `pool` reuses a fixed pool of `pool_prompts` curated training prompts over
+epochs, as the paper does; `fresh` trains on prompts that never repeat. Both hold out the same
+`data.eval_size` prompts for a seed.
 """
 
 from __future__ import annotations
@@ -35,11 +42,35 @@ def mean_samples_per_step(run_dir: str) -> float:
     return float(np.mean(values))
 
 
+REGIME_OVERRIDES = {"default": {}, "pool": None, "fresh": {"data": {"train_pool": None}}}
+
+
+def regime_label(regime: str, variant: str) -> str:
+    return variant if regime == "default" else f"{regime}-{variant}"
+
+
+def regime_overrides(params: CompareParams, regime: str) -> dict[str, Any]:
+    if regime == "pool":
+        return {"data": {"train_pool": params.pool_prompts}}
+    return REGIME_OVERRIDES[regime]
+
+
+def check_fresh(params: CompareParams, config, train_prompts: int) -> None:
+    """The fresh regime needs steps x prompts_per_step distinct training prompts, so none repeats."""
+    need = config.steps * config.prompts_per_step
+    if train_prompts < need:
+        raise ValueError(
+            f"regimes: fresh needs steps x prompts_per_step = {need} training prompts, but the data has "
+            f"{train_prompts}; raise data.train_size, or lower steps or prompts_per_step"
+        )
+
+
 @flow(name="compare", log_prints=True)
 def compare(params: CompareParams = CompareParams()) -> dict[str, Any]:
-    """Train every variant x seed under one MLflow parent run; report, then register the best policy."""
+    """Train every regime x variant x seed under one MLflow parent run; report, then register the best policy."""
     # Every child's config first, so a bad value fails before any work (ConfigError names the field).
-    configs = {(preset, seed): params.build(preset, seed) for seed in params.seeds for preset in params.variants}
+    configs = {(regime, preset, seed): params.build(preset, seed, regime_overrides(params, regime))
+               for regime in params.regimes for seed in params.seeds for preset in params.variants}
     if params.matched_grpo:
         for seed in params.seeds:
             params.build("grpo", seed)
@@ -58,25 +89,38 @@ def compare(params: CompareParams = CompareParams()) -> dict[str, Any]:
         logger.info("compare %s: MLflow parent run %s at %s", group, parent_id, uri)
         log_group_params(client, parent_id, params, variants=params.variants, seeds=params.seeds,
                          matched_grpo=params.matched_grpo, register_as=params.register_as, alias=params.alias,
-                         run_dir=str(group_dir))
+                         regimes=params.regimes, pool_prompts=params.pool_prompts, run_dir=str(group_dir))
+        first = configs[(params.regimes[0], order[0], params.seeds[0])]
         if params.curate:  # once up front; every child's curate_dataset is then a cache hit
-            prepare_data(configs[(order[0], params.seeds[0])], True, params.curation_seed)
+            run_config, provenance = prepare_data(first, True, params.curation_seed)
+            train_prompts = provenance["curated_prompts"] - first.data.eval_size
+        else:
+            train_prompts = first.data.train_size
+        if "fresh" in params.regimes:
+            check_fresh(params, first, train_prompts)
         results = []
-        for seed in params.seeds:
-            for preset in order:
-                child = child_params(params, preset, seed, preset, uri, parent_id, group_dir)
-                results.append(run_child(child))
-                if preset == REFERENCE and params.matched_grpo:
-                    samples = mean_samples_per_step(results[-1]["run_dir"])
-                    n = params.build("grpo", seed).sampler.n
-                    prompts = matched_grpo_prompts(samples, n)
-                    logger.info("seed %s: %s drew %.1f samples/step -> %s with %d prompts/step",
-                                seed, REFERENCE, samples, MATCHED_LABEL, prompts)
-                    child = child_params(params, "grpo", seed, MATCHED_LABEL, uri, parent_id, group_dir,
-                                         prompts_per_step=prompts)
+        for regime in params.regimes:
+            extra = regime_overrides(params, regime)
+            for seed in params.seeds:
+                for preset in order:
+                    label = regime_label(regime, preset)
+                    child = child_params(params, preset, seed, label, uri, parent_id, group_dir, extra_overrides=extra)
                     results.append(run_child(child))
-                    client.log_param(parent_id, f"matched_prompts_per_step_s{seed}", prompts)
+                    if preset == REFERENCE and params.matched_grpo:
+                        samples = mean_samples_per_step(results[-1]["run_dir"])
+                        n = params.build("grpo", seed).sampler.n
+                        prompts = matched_grpo_prompts(samples, n)
+                        matched = regime_label(regime, MATCHED_LABEL)
+                        logger.info("%s seed %s: %s drew %.1f samples/step -> %s with %d prompts/step",
+                                    regime, seed, REFERENCE, samples, matched, prompts)
+                        child = child_params(params, "grpo", seed, matched, uri, parent_id, group_dir,
+                                             extra_overrides=extra, prompts_per_step=prompts)
+                        results.append(run_child(child))
+                        key = f"matched_prompts_per_step_s{seed}" if regime == "default" else \
+                            f"matched_prompts_per_step_{regime}_s{seed}"
+                        client.log_param(parent_id, key, prompts)
+        labels = [regime_label(r, v) for r in params.regimes for v in [*params.variants, MATCHED_LABEL]]
         summary = finish_group(client, parent_id, "compare", results, group_dir, params.register_as, params.alias,
-                               label_order=[*params.variants, MATCHED_LABEL])
+                               label_order=labels, reference=params.reference)
     summary["tracking_uri"] = uri
     return summary

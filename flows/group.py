@@ -93,7 +93,7 @@ def best_result(results: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def finish_group(
     client: MlflowClient, parent_run_id: str, kind: str, results: list[dict[str, Any]], group_dir: Path,
-    register_as: str, alias: str, label_order: list[str],
+    register_as: str, alias: str, label_order: list[str], reference: str | None = None,
 ) -> dict[str, Any]:
     """Report (MLflow artifacts + Prefect markdown artifact) and best-policy registration.
 
@@ -102,7 +102,7 @@ def finish_group(
     logger = get_run_logger()
     results = sorted(results, key=lambda r: (label_order.index(r["variant"]), r["seed"]))
     runs = [load_run(r["run_dir"], label=r["variant"], seed=r["seed"]) for r in results]
-    report = write_report(runs, group_dir / "report", title=f"{kind}: {group_dir.name}")
+    report = write_report(runs, group_dir / "report", title=f"{kind}: {group_dir.name}", reference=reference)
     client.log_artifacts(parent_run_id, str(report.directory), artifact_path="report")
 
     best = best_result(results)

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ada_core.config import PRESETS, ConfigError, TrainConfig, build_config
 
-Preset = Literal["grpo", "dapo", "ada-pos", "ada-balance"]
+Preset = Literal["grpo", "dapo", "ada-pos", "ada-balance", "ada-est", "ada-budget"]
 Profile = Literal["tiny", "smollm2-135m", "paper"]
 Engine = Literal["transformers", "vllm"]
 
@@ -83,7 +83,7 @@ class RunSettings(_Params):
 class TrainParams(RunSettings):
     """One training run of one variant."""
 
-    preset: Preset = Field("ada-balance", description="Algorithm preset: grpo, dapo, ada-pos or ada-balance.")
+    preset: Preset = Field("ada-balance", description="Algorithm preset: grpo, dapo, ada-pos, ada-balance, ada-est or ada-budget.")
     seed: int = Field(0, description="Training seed (data order, sampling, initialisation).")
     variant: str | None = Field(
         None, description="Variant name for params, reports and registry tags (e.g. grpo-matched); empty = preset."
@@ -123,6 +123,15 @@ class CompareParams(RunSettings):
         "(needs ada-balance in variants).",
     )
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="Training seeds.")
+    regimes: list[Literal["default", "pool", "fresh"]] = Field(
+        default_factory=lambda: ["default"], min_length=1,
+        description="Data regimes, each run for every variant and seed: `default` = the data as configured; "
+        "`pool` = a fixed pool of `pool_prompts` training prompts reused over epochs (the paper's regime); "
+        "`fresh` = every training prompt (steps x prompts_per_step must fit, so none repeats). Labels get the "
+        "regime as a prefix (`pool-grpo`) unless it is `default`.",
+    )
+    pool_prompts: int = Field(256, ge=1, description="pool regime: training prompts reused over epochs (data.train_pool).")
+    reference: str = Field("grpo", min_length=1, description="The variant every other is paired against in the report.")
     register_as: str = Field("ada-policy", min_length=1, description="Registered model name for the best policy.")
     alias: str = Field("champion", min_length=1, description="Alias pointed at the best policy's version.")
     resume: str | None = Field(
@@ -136,6 +145,8 @@ class CompareParams(RunSettings):
             raise ValueError("matched_grpo: needs 'ada-balance' in variants (its samples per step set the budget)")
         if len(set(self.variants)) != len(self.variants):
             raise ValueError(f"variants: each preset once, got {self.variants}")
+        if len(set(self.regimes)) != len(self.regimes):
+            raise ValueError(f"regimes: each regime once, got {self.regimes}")
         return self
 
 
@@ -199,7 +210,7 @@ class EvaluateParams(_Params):
             data["eval_size"] = self.eval_size
         overrides: dict[str, Any] = {
             "model": model_dir, "sft_steps": 0, "eval_k": self.k, "seed": self.seed, "steps": 1,
-            "rollout": {"engine": self.engine}, "data": data,
+            "rollout": {"engine": self.engine}, "data": data, "ledger": {"enabled": False},  # no training steps
         }
         if self.temperature is not None:
             overrides["eval_temperature"] = self.temperature

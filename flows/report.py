@@ -31,8 +31,11 @@ import yaml  # noqa: E402
 from ada_core import metrics as K  # noqa: E402
 from ada_core.budget import compute_flops  # noqa: E402
 from ada_core.trainer import latest_checkpoint, read_metrics  # noqa: E402
+from flows.paired import paired_differences, paired_table  # noqa: E402
+from flows.prompt_plot import plot_prompt_ledger  # noqa: E402
 
 FLOPS_CUM = "compute/flops_cum"  # derived here from the budget counters; not logged by the trainer
+STEP_TIME_CUM = "compute/step_time_cum"  # derived here: cumulative generate + reward + update + sync seconds
 RUN_INFO = "run_info.json"  # written by the flows next to metrics.jsonl: label, seed, num_params
 
 X_AXES: dict[str, tuple[str, str]] = {
@@ -41,6 +44,15 @@ X_AXES: dict[str, tuple[str, str]] = {
     "trained_tokens": (K.BUDGET_TRAINED_TOKENS_CUM, "cumulative trained tokens"),
     "wall_time": (K.TIME_ELAPSED_S, "wall time (s)"),
     "compute": (FLOPS_CUM, "estimated compute (FLOPs)"),
+    "step_time": (STEP_TIME_CUM, "measured compute: cumulative generate + reward + update + sync (s)"),
+}
+# The budget axes of the paired differences (flows/paired.py).
+PAIRED_AXES = {
+    "generated samples": K.BUDGET_GENERATED_SAMPLES_CUM,
+    "trained tokens": K.BUDGET_TRAINED_TOKENS_CUM,
+    "FLOPs": FLOPS_CUM,
+    "measured step time": STEP_TIME_CUM,
+    "step": "step",
 }
 Y_AXES: dict[str, str] = {K.EVAL_AVG_AT_K: "held-out accuracy (avg@k)", K.REWARD_MEAN: "reward (round-1 mean)"}
 TIME_SPLIT = [K.TIME_GENERATE_S, K.TIME_REWARD_S, K.TIME_UPDATE_S, K.TIME_SYNC_S]
@@ -85,9 +97,12 @@ def merge_rows(rows: list[dict[str, float]], num_params: int | None = None) -> l
     for row in rows:
         by_step.setdefault(int(row["step"]), {}).update(row)
     points = []
+    step_time = 0.0
     for step in sorted(by_step):
         point = dict(by_step[step])
         point["step"] = float(step)
+        step_time += sum(point.get(key, 0.0) for key in TIME_SPLIT) if step > 0 else 0.0
+        point[STEP_TIME_CUM] = step_time
         if step == 0:
             for key in CUMULATIVE:
                 point.setdefault(key, 0.0)
@@ -299,8 +314,12 @@ class Report:
         return "\n\n".join(lines)
 
 
-def write_report(runs: list[RunCurves], out_dir: str | Path, title: str = "Comparison report") -> Report:
-    """Write every PNG and `report.md` into `out_dir`; return them and the markdown."""
+def write_report(runs: list[RunCurves], out_dir: str | Path, title: str = "Comparison report",
+                 reference: str | None = None) -> Report:
+    """Write every PNG and `report.md` into `out_dir`; return them and the markdown.
+
+    With `reference` (a variant label), the report adds each other variant's paired difference from it
+    (flows/paired.py) and writes them to `paired.json`."""
     if not runs:
         raise ValueError("write_report needs at least one run")
     out = Path(out_dir)
@@ -309,6 +328,22 @@ def write_report(runs: list[RunCurves], out_dir: str | Path, title: str = "Compa
     files.append(plot_per_step(runs, K.SAMPLER_EFFECTIVE_RATIO, "effective ratio", out, "effective_ratio"))
     files.append(plot_per_step(runs, K.BUDGET_GENERATED_SAMPLES, "generated samples per step", out, "samples_per_step"))
     files.append(plot_time_split(runs, out))
+    ledger_plot = plot_prompt_ledger(runs, out)
+    if ledger_plot is not None:
+        files.append(ledger_plot)
+    paired_md: list[str] = []
+    if reference is not None:
+        pairs = paired_differences(runs, reference, PAIRED_AXES)
+        (out / "paired.json").write_text(json.dumps(pairs, indent=1) + "\n")
+        files.append(out / "paired.json")
+        paired_md = [
+            f"Paired differences from `{reference}` (same seed and regime): held-out avg@k at the budget both "
+            "runs reached, read off each eval curve by linear interpolation; mean over seeds with a 95% "
+            "t-interval (flows/paired.py).",
+            "",
+            paired_table(pairs),
+            "",
+        ]
     params = sorted({r.num_params for r in runs if r.num_params})
     summary = "\n".join([
         f"# {title}",
@@ -318,6 +353,7 @@ def write_report(runs: list[RunCurves], out_dir: str | Path, title: str = "Compa
         + (f" (params = {', '.join(f'{p:,}' for p in params)})." if params else "."),
         "",
         summary_table(runs),
+        *(["", *paired_md] if paired_md else []),
     ])
     report = Report(markdown="", files=files, directory=out, summary=summary)
     report.markdown = f"{summary}\n\n## Plots\n\n{report.plots_markdown()}\n"
@@ -330,8 +366,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Comparison report from run directories (offline).")
     parser.add_argument("run_dirs", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, default=Path("report"))
+    parser.add_argument("--reference", default=None, help="variant label to pair every other against, e.g. grpo")
     args = parser.parse_args(argv)
-    report = write_report([load_run(d) for d in args.run_dirs], args.out)
+    report = write_report([load_run(d) for d in args.run_dirs], args.out, reference=args.reference)
     print(report.markdown)
     print(f"wrote {len(report.files)} files to {report.directory}")
 

@@ -155,6 +155,9 @@ def test_report_is_on_the_parent_run_and_a_prefect_artifact(compared):
     markdown = (Path(summary["report_dir"]) / "report.md").read_text()
     rows = [line for line in markdown.splitlines() if line.startswith("| ") and "±" in line]
     assert [row.split("|")[1].strip() for row in rows] == ["grpo", "ada-balance", "grpo-matched"]
+    # every variant paired against grpo, and the prompt ledger's plot
+    assert "| ada-balance | grpo | generated samples | 1 |" in markdown and "paired.json" in files
+    assert "prompt_pass_rates.png" in files
 
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
