@@ -47,7 +47,6 @@ policy.
 from __future__ import annotations
 
 import heapq
-import math
 from dataclasses import dataclass
 from typing import Any
 
