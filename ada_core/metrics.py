@@ -104,8 +104,8 @@ UPDATE_OPTIMIZE_S = "update/optimize_s"  # forward/backward/optimizer steps
 
 # dist/: the ranks of the update (distributed.num_ranks; world size 1 is the in-process engine)
 DIST_WORLD_SIZE = "dist/world_size"  # training ranks
-DIST_RANK_UPDATE_S_MAX = "dist/rank_update_s_max"  # the slowest rank's recompute + optimize time this step
-DIST_RANK_UPDATE_S_MIN = "dist/rank_update_s_min"  # the fastest rank's; max - min is time lost to imbalance
+DIST_RANK_UPDATE_MAX_S = "dist/rank_update_max_s"  # the slowest rank's recompute + optimize time this step
+DIST_RANK_UPDATE_MIN_S = "dist/rank_update_min_s"  # the fastest rank's; max - min is time lost to imbalance
 
 THROUGHPUT_GEN_TOKENS_PER_S = "throughput/gen_tokens_per_s"
 

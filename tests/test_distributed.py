@@ -95,7 +95,7 @@ def test_two_rank_training_resumes_identically_and_leaves_no_process(tmp_path):
     assert _wait_gone(pids["ranks"] + pids["ray"]) == [], "a Ray or rank process outlived close()"
     assert any(not torch.equal(a, b) for a, b in zip(before, after)), "no weight changed"
     assert last[K.DIST_WORLD_SIZE] == 2.0 and last[K.TRAIN_GRAD_NORM] > 0
-    assert last[K.DIST_RANK_UPDATE_S_MAX] >= last[K.DIST_RANK_UPDATE_S_MIN] > 0
+    assert last[K.DIST_RANK_UPDATE_MAX_S] >= last[K.DIST_RANK_UPDATE_MIN_S] > 0
     assert (tmp_path / "run" / "ranks" / "rank_1.log").stat().st_size > 0
     ckpt = latest_checkpoint(tmp_path / "run")
     assert sorted(p.name for p in (ckpt / "optimizer").iterdir()) == ["rank_0", "rank_1", "update_engine.pt"]

@@ -183,8 +183,8 @@ def update_metrics(seqs: list[dict], rank_results: list[list[dict[str, float]]],
         K.UPDATE_RECOMPUTE_S: max(t["recompute_s"] for t in rank_seconds),
         K.UPDATE_OPTIMIZE_S: max(t["optimize_s"] for t in rank_seconds),
         K.DIST_WORLD_SIZE: float(world_size),
-        K.DIST_RANK_UPDATE_S_MAX: max(per_rank),
-        K.DIST_RANK_UPDATE_S_MIN: min(per_rank),
+        K.DIST_RANK_UPDATE_MAX_S: max(per_rank),
+        K.DIST_RANK_UPDATE_MIN_S: min(per_rank),
     }
     if tis:
         out[K.UPDATE_TIS_CLIP_FRAC] = diag["tis_clip_frac"] / max(tokens, 1.0)
@@ -209,8 +209,8 @@ def zero_metrics(lr: float, tis: bool, world_size: int) -> dict[str, float]:
     """An update with nothing to train on; the importance ratios are reported as 1 (no mismatch seen)."""
     keys = (K.TRAIN_LOSS, K.TRAIN_ENTROPY, K.TRAIN_CLIP_FRAC, K.TRAIN_APPROX_KL, K.TRAIN_GRAD_NORM,
             K.TRAIN_KL_REF, K.UPDATE_OLD_LOGPROB_GAP_MEAN, K.UPDATE_OLD_LOGPROB_GAP_MAX, K.UPDATE_OPTIMIZER_STEPS,
-            K.UPDATE_RECOMPUTE_S, K.UPDATE_OPTIMIZE_S, K.DIST_RANK_UPDATE_S_MAX,
-            K.DIST_RANK_UPDATE_S_MIN) + ((K.UPDATE_TIS_CLIP_FRAC,) if tis else ())
+            K.UPDATE_RECOMPUTE_S, K.UPDATE_OPTIMIZE_S, K.DIST_RANK_UPDATE_MAX_S,
+            K.DIST_RANK_UPDATE_MIN_S) + ((K.UPDATE_TIS_CLIP_FRAC,) if tis else ())
     return {**dict.fromkeys(keys, 0.0), K.UPDATE_IS_RATIO_MEAN: 1.0, K.UPDATE_IS_RATIO_MAX: 1.0, K.TRAIN_LR: lr,
             K.DIST_WORLD_SIZE: float(world_size)}
 
