@@ -123,10 +123,13 @@ class _Block:
 
 
 @pytest.fixture(scope="module")
-def stream_engine(vllm_server):
+def stream_engine(vllm_server, tiny_model):
     from ada_core.engines.vllm_engine import VLLMRolloutEngine
+    from ada_core.models import load_policy
 
     engine = VLLMRolloutEngine(vllm_server.base_url, concurrency=16)
+    # The session's server holds whatever weights an earlier test synced: load the tiny model's own.
+    engine.sync_weights(load_policy(tiny_model)[0], version=0)
     yield engine
     engine.close()
 
