@@ -1,9 +1,15 @@
-"""What `compare` and `sweep` share: one MLflow parent run, one `train` subflow per variant x seed,
+"""What `compare` and `sweep` share: one MLflow parent run, one `train` run per variant x seed,
 then the report and the registration of the best policy.
 
-Each child is a `train` subflow run (its own task runs in the Prefect UI) and an MLflow child run
-(`mlflow.parentRunId` = the parent). The report is written from the children's run directories,
-logged on the parent under `report/`, and published as a Prefect markdown artifact.
+Each child is a `train` flow run (its own task runs in the Prefect UI, a sub-run of the parent) and
+an MLflow child run (`mlflow.parentRunId` = the parent). `children: inline` runs them as subflows in
+this process, one after another; `children: deployments` submits them all to the `train` deployment
+(flows/fanout.py). The report is written from the children's run directories, logged on the parent
+under `report/`, and published as a Prefect markdown artifact.
+
+A child that fails does not sink the group: the others run, and the report, the artifact and the
+summary name it with a link to its flow run. The parent ends Failed only when no child succeeded.
+A matched control whose reference failed is reported as not run.
 """
 
 from __future__ import annotations
@@ -18,8 +24,8 @@ from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from ada_core import metrics as K
-from flows import tracking
-from flows.params import RunSettings, TrainParams, flatten_dotted
+from flows import fanout, tracking
+from flows.params import GroupSettings, RunSettings, TrainParams, flatten_dotted
 from flows.report import load_run, write_report
 from flows.train import train
 
@@ -39,8 +45,38 @@ def child_params(settings: RunSettings, preset: str, seed: int, label: str, trac
     )
 
 
-def run_child(params: TrainParams) -> dict[str, Any]:
-    return train.with_options(flow_run_name=params.run_name)(params)
+def run_inline(children: list[TrainParams], follow_up: fanout.FollowUp) -> tuple[list[dict], list[dict]]:
+    """Each child as a `train` subflow, in order; a child's follow-ups run right after it."""
+    results, failures, queue = [], [], list(children)
+    while queue:
+        child = queue.pop(0)
+        state = train.with_options(flow_run_name=child.run_name)(child, return_state=True)
+        flow_run_id = state.state_details.flow_run_id
+        if state.is_completed():
+            results.append({**state.result(), "flow_run_id": str(flow_run_id)})
+            queue[0:0] = follow_up(results[-1])
+        else:
+            get_run_logger().warning("%s ended %s: %s", child.run_name, state.type.value, state.message)
+            failures.append(fanout.failure_record(child, flow_run_id, state.type.value, state.message or ""))
+    return results, failures
+
+
+def run_children(
+    params: GroupSettings, children: list[TrainParams], follow_up: fanout.FollowUp, group: str,
+    client: MlflowClient, parent_run_id: str, tracking_uri: str,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Run the group's children the way `params.children` says; (results, failures).
+
+    `follow_up(result)` returns children that may start only once that one has finished (the
+    matched GRPO control after its seed's Ada-balance run).
+    """
+    if params.children == "inline":
+        return run_inline(children, follow_up)
+    if tracking_uri.startswith("sqlite:"):
+        get_run_logger().warning("children on workers all write the SQLite store %s; the `make ui` MLflow server "
+                                 "or PostgreSQL takes concurrent writers better", tracking_uri)
+    experiment_id = client.get_run(parent_run_id).info.experiment_id
+    return fanout.run_deployments(children, follow_up, params, group, client, experiment_id, tracking_uri)
 
 
 def best_result(results: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -49,18 +85,58 @@ def best_result(results: list[dict[str, Any]]) -> dict[str, Any] | None:
     return max(scored, key=lambda r: r["metrics"][K.EVAL_AVG_AT_K]) if scored else None
 
 
+def failures_markdown(failures: list[dict[str, Any]]) -> str:
+    """The report's section on children that did not finish; empty when none failed."""
+    if not failures:
+        return ""
+    lines = [f"## Failed children ({len(failures)})", ""]
+    for f in failures:
+        where = f"[flow run {f['flow_run_id']}]({f['flow_run_url']})" if f.get("flow_run_url") else (
+            f"flow run `{f['flow_run_id']}`" if f.get("flow_run_id") else "no flow run")
+        message = " ".join(str(f["message"]).split())[:300]
+        lines.append(f"- `{f['variant']}` seed {f['seed']}: **{f['state']}**, {where}: {message}")
+    return "\n".join(lines) + "\n"
+
+
+def child_links(results: list[dict[str, Any]], client: MlflowClient, parent_run_id: str) -> str:
+    """One line per finished child: its Prefect flow run and its MLflow run, as links where there is a UI."""
+    experiment_id = client.get_run(parent_run_id).info.experiment_id
+    lines = []
+    for r in results:
+        prefect_url = fanout.flow_run_url(r.get("flow_run_id"))
+        prefect = f"[flow run]({prefect_url})" if prefect_url else f"flow run `{r.get('flow_run_id')}`"
+        mlflow_url = fanout.mlflow_run_url(client.tracking_uri, experiment_id, r["run_id"])
+        mlflow = f"[MLflow run {r['run_id']}]({mlflow_url})" if mlflow_url else f"MLflow run `{r['run_id']}`"
+        lines.append(f"- `{r['variant']}` seed {r['seed']}: {prefect}, {mlflow}, dir `{r['run_dir']}`")
+    return "\n".join(lines)
+
+
 def finish_group(
     client: MlflowClient, parent_run_id: str, kind: str, results: list[dict[str, Any]], group_dir: Path,
-    register_as: str, alias: str, label_order: list[str],
+    register_as: str, alias: str, label_order: list[str], failures: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Report (MLflow artifacts + Prefect markdown artifact) and best-policy registration.
 
-    `label_order` sets the order of rows and legend entries (runs then sort by seed).
+    `label_order` sets the order of rows and legend entries (runs then sort by seed). `failures`
+    (from `run_children`) are named in the report; with no result at all, the artifact lists them
+    and this raises, so the parent's flow run and MLflow run end Failed.
     """
     logger = get_run_logger()
+    failures = failures or []
+    failed = failures_markdown(failures)
+    if failures:
+        client.set_tag(parent_run_id, "ada.failed_children", str(len(failures)))
+    if not results:
+        create_markdown_artifact(markdown=f"# {kind}: {group_dir.name}\n\nNo child finished.\n\n{failed}",
+                                 key=f"{kind}-report", description=f"{kind} report: every child failed")
+        raise RuntimeError(f"{kind} {group_dir.name}: no child succeeded; " + "; ".join(
+            f"{f['variant']}-s{f['seed']} {f['state']} (flow run {f['flow_run_id']}): {f['message']}" for f in failures))
     results = sorted(results, key=lambda r: (label_order.index(r["variant"]), r["seed"]))
     runs = [load_run(r["run_dir"], label=r["variant"], seed=r["seed"]) for r in results]
     report = write_report(runs, group_dir / "report", title=f"{kind}: {group_dir.name}")
+    if failed:  # the report itself names what is missing from its table
+        report_md = report.directory / "report.md"
+        report_md.write_text(f"{report_md.read_text().rstrip()}\n\n{failed}")
     client.log_artifacts(parent_run_id, str(report.directory), artifact_path="report")
 
     best = best_result(results)
@@ -78,19 +154,20 @@ def finish_group(
         logger.info("registered %s version %s (%s, seed %s) as @%s", register_as, version, best["variant"],
                     best["seed"], alias)
 
-    links = "\n".join(f"- `{r['variant']}` seed {r['seed']}: MLflow run `{r['run_id']}`, dir `{r['run_dir']}`"
-                      for r in results)
+    links = child_links(results, client, parent_run_id)
     model_line = (f"Best policy: `{registered['uri']}` (version {registered['version']}, {registered['variant']}, "
                   f"seed {registered['seed']})." if registered else "No evaluated checkpoint to register.")
     create_markdown_artifact(
         markdown=f"{report.markdown}\n\n{model_line}\n\nMLflow parent run `{parent_run_id}`; report files in "
-                 f"`{report.directory}` and on the parent run under `report/`.\n\nChildren:\n{links}\n",
+                 f"`{report.directory}` and on the parent run under `report/`.\n\nChildren:\n{links}\n\n{failed}",
         key=f"{kind}-report",
         description=f"{kind} report: final metrics (mean ± std over seeds) and plots",
     )
     summary = {
         "parent_run_id": parent_run_id, "report_dir": str(report.directory), "registered": registered,
-        "children": [{k: r[k] for k in ("variant", "preset", "seed", "run_id", "run_dir")} for r in results],
+        "children": [{k: r.get(k) for k in ("variant", "preset", "seed", "run_id", "run_dir", "flow_run_id")}
+                     for r in results],
+        "failures": failures,
     }
     (group_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

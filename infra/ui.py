@@ -1,4 +1,4 @@
-"""`make ui`: a local Prefect server + MLflow server + process worker, all on 127.0.0.1.
+"""`make ui`: a local Prefect server + MLflow server + process workers, all on 127.0.0.1.
 
     python infra/ui.py start    # servers, work pool, `prefect deploy --all`, worker; prints the URLs
     python infra/ui.py status
@@ -9,6 +9,13 @@ prefect/, the MLflow store in mlflow.db with artifacts in mlartifacts/ (the same
 default writes, so earlier runs show up), and ui/servers.json with the URLs and process ids. While
 the MLflow server answers, flows log to it over HTTP (flows/tracking.py reads servers.json), so
 several processes never write one SQLite file. Ports: ADA_PREFECT_PORT (4200), ADA_MLFLOW_PORT (5000).
+
+Workers (flows/fanout.py runs a group's children on them): $ADA_WORKERS process workers (default 1;
+with $ADA_WORKER_GPUS="0,1,..." one per listed GPU, each with that CUDA_VISIBLE_DEVICES) on the
+`default` queue of the `ada-process` pool, each `--limit 1`: they run train, evaluate and curate.
+One more worker on the `groups` queue runs compare and sweep parents, which mostly wait for their
+children, so a parent never takes the slot its children need. The global concurrency limit
+$ADA_CONCURRENCY_LIMIT (`ada-train`) gets $ADA_TRAIN_SLOTS slots (default: the number of workers).
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 WORK_POOL = "ada-process"
+TRAIN_QUEUE = "default"  # train, evaluate, curate: one run per worker
+GROUP_QUEUE = "groups"  # compare, sweep: parents that wait for their children
 BIN = Path(sys.executable).parent  # the venv's prefect and mlflow scripts sit next to its python
 
 
@@ -138,10 +147,47 @@ def deploy(home: Path, prefect_url: str, names: list[str] | None = None) -> None
     prefect_cli(["deploy", *targets], env)
 
 
-def start_worker(home: Path, prefect_url: str, log_dir: Path) -> subprocess.Popen:
+def worker_gpus() -> list[str]:
+    """$ADA_WORKER_GPUS as a list of CUDA device ids ("0,1,2" -> ["0", "1", "2"]); empty when unset."""
+    return [gpu.strip() for gpu in os.environ.get("ADA_WORKER_GPUS", "").split(",") if gpu.strip()]
+
+
+def worker_count() -> int:
+    count = int(os.environ.get("ADA_WORKERS") or len(worker_gpus()) or 1)
+    if count < 1:
+        raise SystemExit(f"ADA_WORKERS must be >= 1, got {count}")
+    return count
+
+
+def start_worker(home: Path, prefect_url: str, log_dir: Path, queue: str = TRAIN_QUEUE, name: str = "ada-worker-0",
+                 limit: int | None = 1, gpu: str | None = None) -> subprocess.Popen:
+    """One process worker on `queue` of the pool; `limit` flow runs at a time; `gpu` its CUDA_VISIBLE_DEVICES."""
     env = api_env(home, prefect_url)
-    return spawn([str(BIN / "prefect"), "worker", "start", "--pool", WORK_POOL, "--type", "process",
-                  "--install-policy", "never"], env, log_dir / "worker.log")
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    args = [str(BIN / "prefect"), "worker", "start", "--pool", WORK_POOL, "--type", "process", "--work-queue", queue,
+            "--name", name, "--install-policy", "never"]
+    if limit is not None:
+        args += ["--limit", str(limit)]
+    return spawn(args, env, log_dir / f"{name}.log")
+
+
+def start_workers(home: Path, prefect_url: str, log_dir: Path, count: int) -> list[int]:
+    """`count` training workers with `--limit 1` (one per GPU of $ADA_WORKER_GPUS) and the group worker."""
+    gpus = worker_gpus()
+    pids = [start_worker(home, prefect_url, log_dir, TRAIN_QUEUE, f"ada-worker-{i}", 1,
+                         gpus[i % len(gpus)] if gpus else None).pid for i in range(count)]
+    pids.append(start_worker(home, prefect_url, log_dir, GROUP_QUEUE, "ada-groups", None).pid)
+    return pids
+
+
+def ensure_concurrency_limit(home: Path, prefect_url: str, name: str, slots: int) -> None:
+    """The global concurrency limit `name` with `slots` slots, created or resized."""
+    env = api_env(home, prefect_url)
+    try:
+        prefect_cli(["gcl", "create", name, "--limit", str(slots)], env)
+    except RuntimeError:  # it exists (a server restarted on its old database): set its size
+        prefect_cli(["gcl", "update", name, "--limit", str(slots)], env)
 
 
 def state_file(home: Path) -> Path:
@@ -187,7 +233,11 @@ def start(home: Path) -> dict:
         state["pids"]["mlflow_server"] = mlflow_proc.pid
         _write_state(state_path, state)
         deploy(home, prefect_url)
-        state["pids"]["worker"] = start_worker(home, prefect_url, log_dir).pid
+        workers = worker_count()
+        limit = os.environ.get("ADA_CONCURRENCY_LIMIT", "ada-train")
+        ensure_concurrency_limit(home, prefect_url, limit, int(os.environ.get("ADA_TRAIN_SLOTS") or workers))
+        state["concurrency_limit"] = limit
+        state["pids"]["workers"] = start_workers(home, prefect_url, log_dir, workers)
         _write_state(state_path, state)
     except BaseException:
         stop(home)
@@ -201,11 +251,12 @@ def stop(home: Path) -> None:
         print("ui: nothing running (no servers.json)")
         return
     state = json.loads(path.read_text())
-    for name in ("worker", "mlflow_server", "prefect_server"):  # worker first: it talks to both
-        pid = state.get("pids", {}).get(name)
-        if pid:
-            stop_pid(int(pid))
-            print(f"ui: stopped {name} (pid {pid})")
+    pids = state.get("pids", {})
+    for name in ("workers", "worker", "mlflow_server", "prefect_server"):  # workers first: they talk to both
+        for pid in (pids.get(name) or []) if name == "workers" else [pids.get(name)]:
+            if pid:
+                stop_pid(int(pid))
+                print(f"ui: stopped {name} (pid {pid})")
     path.unlink()
 
 
@@ -231,7 +282,9 @@ def main(argv: list[str] | None = None) -> None:
     state = start(home)
     print(f"""
 Prefect UI : {state['prefect_url']}     (deployments: train, compare, evaluate, curate, sweep;
-                                          work pool '{WORK_POOL}', worker running)
+                                          work pool '{WORK_POOL}': {len(state['pids']['workers']) - 1} worker(s)
+                                          with --limit 1, one for compare/sweep parents;
+                                          concurrency limit '{state['concurrency_limit']}')
 MLflow UI  : {state['mlflow_url']}     (store {home / 'mlflow.db'}, artifacts {home / 'mlartifacts'})
 Logs       : {home / 'ui'}
 Trigger a run from the Prefect UI (Deployments -> compare -> Run), or:
