@@ -163,6 +163,9 @@ def start_worker(home: Path, prefect_url: str, log_dir: Path, queue: str = TRAIN
                  limit: int | None = 1, gpu: str | None = None) -> subprocess.Popen:
     """One process worker on `queue` of the pool; `limit` flow runs at a time; `gpu` its CUDA_VISIBLE_DEVICES."""
     env = api_env(home, prefect_url)
+    # Prefect's default 10 s poll adds up to 10 s before each child starts (and again before a
+    # matched control); 2 s costs the server one cheap query per worker every 2 s.
+    env.setdefault("PREFECT_WORKER_QUERY_SECONDS", "2")
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
     args = [str(BIN / "prefect"), "worker", "start", "--pool", WORK_POOL, "--type", "process", "--work-queue", queue,

@@ -134,49 +134,30 @@ def test_two_workers_train_two_children_at_once(stack):
         assert run.info.run_id in artifact.data
 
 
-def test_max_parallel_one_trains_one_child_at_a_time(stack):
+def test_max_parallel_one_trains_one_at_a_time_and_a_failing_child_does_not_sink_the_group(stack, tmp_path):
+    """Two children under `max_parallel=1`, one with a dataset file that does not exist."""
+    from prefect import flow
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
-
-    from flows.compare import compare
-
-    summary = compare(CompareParams(**{**GROUP, "max_parallel": 1}, tracking_uri=stack["tracking_uri"],
-                                    experiment="fanout-serial"))
-    assert not summary["failures"], worker_logs(stack)
-    client = MlflowClient(summary["tracking_uri"])
-    children = children_of(client, summary["parent_run_id"])
-    assert set(children) == {"grpo-s0", "ada-balance-s0"}
-    # The MLflow run starts once the child holds its slot: under one slot the two never overlap
-    # (both Prefect flow runs may be Running, one of them waiting for the slot).
-    spans = [(r.info.start_time, r.info.end_time) for r in children.values()]
-    assert not overlap(*spans), spans
-    group = Path(summary["report_dir"]).parent.name
-    with get_client(sync_client=True) as prefect:
-        with pytest.raises(ObjectNotFound):  # the group's own limit is gone once its children are
-            prefect.read_global_concurrency_limit_by_name(group)
-        assert prefect.read_global_concurrency_limit_by_name(LIMIT).active_slots == 0
-
-
-def test_a_failing_child_does_not_sink_the_group(stack, tmp_path):
-    from prefect import flow
 
     from ada_core.paths import runs_dir
     from flows import tracking
     from flows.group import child_params, finish_group, run_children
 
-    params = CompareParams(**GROUP, tracking_uri=stack["tracking_uri"], experiment="fanout-failure")
+    params = CompareParams(**{**GROUP, "max_parallel": 1}, tracking_uri=stack["tracking_uri"],
+                           experiment="fanout-failure")
     missing = tmp_path / "no-such-prompts.jsonl"
+    group = "fanout-failure"
 
     @flow(name="fanout-failure-group")
     def group_with_a_bad_child() -> dict:
         uri = tracking.resolve_tracking_uri(params.tracking_uri)
-        group_dir = runs_dir() / "fanout-failure"
-        with tracking.tracked_run(uri, params.experiment, "fanout-failure") as (client, parent_id):
+        group_dir = runs_dir() / group
+        with tracking.tracked_run(uri, params.experiment, group) as (client, parent_id):
             good = child_params(params, "grpo", 0, "grpo", uri, parent_id, group_dir)
             bad = child_params(params, "ada-balance", 0, "ada-balance", uri, parent_id, group_dir,
                                extra_overrides={"data.dataset": str(missing)})
-            results, failures = run_children(params, [good, bad], lambda result: [], "fanout-failure", client,
-                                             parent_id, uri)
+            results, failures = run_children(params, [good, bad], lambda result: [], group, client, parent_id, uri)
             return finish_group(client, parent_id, "compare", results, group_dir, "fanout-policy", "champion",
                                 label_order=["grpo", "ada-balance"], failures=failures)
 
@@ -189,21 +170,35 @@ def test_a_failing_child_does_not_sink_the_group(stack, tmp_path):
     report = (Path(summary["report_dir"]) / "report.md").read_text()
     assert "Failed children (1)" in report and failure["flow_run_url"] in report and "ada-balance" in report
     assert json.loads((Path(summary["report_dir"]).parent / "summary.json").read_text())["failures"] == [failure]
-    parent = MlflowClient(tracking.resolve_tracking_uri(stack["tracking_uri"])).get_run(summary["parent_run_id"])
+    client = MlflowClient(tracking.resolve_tracking_uri(stack["tracking_uri"]))
+    parent = client.get_run(summary["parent_run_id"])
     assert parent.info.status == "FINISHED" and parent.data.tags["ada.failed_children"] == "1"
+
+    # Both children opened an MLflow run (the bad one failed inside it), each only once it held the
+    # slot: under one slot they never overlap, though both Prefect flow runs may be Running at once
+    # (one waiting for the slot).
+    children = children_of(client, summary["parent_run_id"])
+    assert {n: r.info.status for n, r in children.items()} == {"grpo-s0": "FINISHED", "ada-balance-s0": "FAILED"}
+    spans = [(r.info.start_time, r.info.end_time) for r in children.values()]
+    assert not overlap(*spans), spans
+    with get_client(sync_client=True) as prefect:
+        with pytest.raises(ObjectNotFound):  # the group's own limit is gone once its children are
+            prefect.read_global_concurrency_limit_by_name(group)
+        assert prefect.read_global_concurrency_limit_by_name(LIMIT).active_slots == 0
 
 
 def test_a_group_with_no_successful_child_fails(stack, tmp_path):
+    """The rule is the same inline, where the failing children are subflows here (seconds, not a worker's)."""
     from flows import tracking
     from flows.sweep import sweep
 
     missing = tmp_path / "missing.jsonl"
-    params = SweepParams(variants=["grpo"], n=[4], seeds=[0], steps=1, prompts_per_step=4, curate=False,
-                         overrides={**FAST, "data.dataset": str(missing)}, children="deployments",
-                         concurrency_limit=LIMIT, poll_s=0.5, tracking_uri=stack["tracking_uri"],
-                         experiment="fanout-all-failed")
+    params = SweepParams(variants=["grpo"], n=[4, 8], seeds=[0], steps=1, prompts_per_step=4, curate=False,
+                         overrides={**FAST, "data.dataset": str(missing)}, children="inline",
+                         tracking_uri=stack["tracking_uri"], experiment="fanout-all-failed")
     state = sweep(params, return_state=True)
-    assert state.is_failed() and "no child succeeded" in state.message and "grpo-n4-s0" in state.message
+    assert state.is_failed() and "no child succeeded" in state.message
+    assert "grpo-n4-s0 FAILED" in state.message and "grpo-n8-s0 FAILED" in state.message
     client = MlflowClient(tracking.resolve_tracking_uri(stack["tracking_uri"]))
     (parent,) = client.search_runs([client.get_experiment_by_name("fanout-all-failed").experiment_id],
                                    "tags.`ada.flow` = 'sweep'")
@@ -218,3 +213,29 @@ def test_deployments_need_a_server_with_the_limit(stack):
     with pytest.raises(ValueError, match="deployment: .*nope/nope"):
         check_setup(CompareParams(**{**GROUP, "deployment": "nope/nope"}))
 
+
+
+def test_group_parameters_document_and_validate_fan_out():
+    assert CompareParams().children == "inline" and SweepParams().children == "inline"  # the embedded default
+    assert CompareParams().concurrency_limit == "ada-train" and CompareParams().max_parallel is None
+    for field in ("children", "max_parallel", "concurrency_limit", "deployment", "poll_s"):
+        assert CompareParams.model_fields[field].description, field
+    with pytest.raises(ValueError, match="children"):
+        CompareParams(children="ray")
+    with pytest.raises(ValueError, match="max_parallel"):
+        SweepParams(max_parallel=0)
+    with pytest.raises(ValueError, match="concurrency_limit"):
+        CompareParams(concurrency_limit="gpu/0")  # Prefect refuses '/' in a limit's name
+
+
+def test_failures_markdown_links_the_flow_run():
+    from flows.group import failures_markdown
+
+    assert failures_markdown([]) == ""
+    text = failures_markdown([{"variant": "ada-balance", "seed": 1, "state": "CRASHED", "flow_run_id": "abc",
+                               "flow_run_url": "http://127.0.0.1:4200/runs/flow-run/abc", "message": "worker\nlost"},
+                              {"variant": "grpo-matched", "seed": 1, "state": "NOT_RUN", "flow_run_id": None,
+                               "flow_run_url": None, "message": "its reference ada-balance-s1 failed"}])
+    assert "## Failed children (2)" in text
+    assert "`ada-balance` seed 1: **CRASHED**, [flow run abc](http://127.0.0.1:4200/runs/flow-run/abc): worker lost" in text
+    assert "`grpo-matched` seed 1: **NOT_RUN**, no flow run: its reference ada-balance-s1 failed" in text
