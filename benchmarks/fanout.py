@@ -44,7 +44,7 @@ def load_ui():
 
 
 def uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
 
 
 def child_timings(summary: dict) -> list[dict]:
@@ -102,13 +102,13 @@ def main(argv: list[str] | None = None) -> dict:
             compare(params("inline", 1))  # warm-up: tiny model, SFT warm start, curated set, imports
             arms: dict[str, list[dict]] = {"inline": [], "deployments": []}
             for _ in range(args.repeats):
-                for arm in arms:
+                for arm, rounds in arms.items():
                     start = time.perf_counter()
                     summary = compare(params(arm, args.steps))
                     wall = time.perf_counter() - start
                     if summary["failures"]:
                         raise RuntimeError(f"{arm}: children failed: {summary['failures']}")
-                    arms[arm].append({"wall_s": wall, "children": child_timings(summary)})
+                    rounds.append({"wall_s": wall, "children": child_timings(summary)})
                     print(f"{arm}: {wall:.1f} s", file=sys.stderr)
     finally:
         ui.stop(home)

@@ -41,12 +41,7 @@ FollowUp = Callable[[dict[str, Any]], list[TrainParams]]
 
 def flow_run_url(flow_run_id: str | UUID | None) -> str | None:
     """The Prefect UI page of a flow run; None without a UI (ephemeral mode) or an id."""
-    if not flow_run_id:
-        return None
-    try:
-        return url_for("flow-run", obj_id=str(flow_run_id))
-    except Exception:  # no UI URL configured: the id alone still identifies the run
-        return None
+    return url_for("flow-run", obj_id=str(flow_run_id)) if flow_run_id else None
 
 
 def mlflow_run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:

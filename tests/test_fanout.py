@@ -21,8 +21,8 @@ pytestmark = pytest.mark.slow
 LIMIT = "fanout-test"
 FAST = {"data.train_size": 64, "data.eval_size": 8, "sft_steps": 0, "eval_every": 2, "eval_k": 2,
         "checkpoint_every": 0}
-GROUP = dict(variants=["grpo", "ada-balance"], matched_grpo=False, seeds=[0], steps=2, prompts_per_step=4,
-             curate=False, overrides=FAST, children="deployments", concurrency_limit=LIMIT, poll_s=0.5)
+GROUP = {"variants": ["grpo", "ada-balance"], "matched_grpo": False, "seeds": [0], "steps": 2, "prompts_per_step": 4,
+         "curate": False, "overrides": FAST, "children": "deployments", "concurrency_limit": LIMIT, "poll_s": 0.5}
 
 
 @pytest.fixture(scope="module")
