@@ -41,14 +41,17 @@ def stack(tmp_path_factory, free_port, infra_ui, postgres_uri):
     try:
         server, url = ui.start_prefect_server(root / "server", free_port(), root / "logs")
         procs.append(server)
-        ui.deploy(root / "server", url, ["train"])
-        ui.ensure_concurrency_limit(root / "server", url, LIMIT, 2)
-        for i in range(2):
+        for i in range(2):  # they start (seconds of imports) while prefect.yaml's `train` is deployed
             procs.append(ui.start_worker(root / f"worker{i}", url, root / "logs", name=f"fanout-worker-{i}"))
+        ui.deploy(root / "server", url, ["train"])
 
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
         with temporary_settings({PREFECT_API_URL: f"{url}/api"}):
+            with get_client(sync_client=True) as client:  # what `make ui` does with `prefect gcl create`
+                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=LIMIT, limit=2))
             wait_for_workers(2)
             yield {"url": url, "logs": root / "logs", "tracking_uri": postgres_uri}
     finally:
