@@ -7,6 +7,10 @@ from pathlib import Path
 
 import typer
 
+# Every bad input (config value, YAML file, dataset file or row) exits with this code and one clean
+# line on stderr, the same code typer gives a bad option.
+INPUT_ERROR_EXIT = 2
+
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Reinforce-Ada experiment platform.")
 
 
@@ -60,8 +64,13 @@ def train(
     profile: str = typer.Option("tiny", help="Scale profile: tiny, smollm2-135m, paper."),
     model: str | None = typer.Option(None, help="tiny, smollm2-135m, or a local HF model folder (default: the profile's)."),
     steps: int | None = typer.Option(None, min=1, help="Training steps (default: the profile's)."),
-    output_dir: Path | None = typer.Option(None, help="Run directory (default: $ADA_HOME/runs/<preset>-seed<seed>)."),
+    output_dir: Path | None = typer.Option(
+        None, help="Run directory (default: the --resume folder, else $ADA_HOME/runs/<preset>-seed<seed>). "
+                   "A folder that already holds a run is refused unless it is the one resumed or --overwrite is given."),
     resume: Path | None = typer.Option(None, help="A run directory to continue from its last complete checkpoint."),
+    overwrite: bool = typer.Option(
+        False, help="Start a new run in an --output-dir that holds one, moving the old run aside to "
+                    "<dir>.replaced-<time> (never deleting it)."),
     config: Path | None = typer.Option(None, help="YAML file of config overrides."),
     set_: list[str] = typer.Option([], "--set", help="Override one field, e.g. --set sampler.M=4 (repeatable)."),
     seed: int | None = typer.Option(None, help="Seed (default 0)."),
@@ -69,9 +78,10 @@ def train(
     engine: str | None = typer.Option(None, help="Rollout engine: transformers, or vllm (a server from `make vllm-env`)."),
 ) -> None:
     """Train one policy with one preset; metrics go to <output-dir>/metrics.jsonl."""
-    from ada_core.config import ConfigError, build_config, deep_merge, parse_set
+    from ada_core.config import InputError, build_config, deep_merge, parse_set
     from ada_core.engines.vllm_server import check_engine_config
     from ada_core.paths import runs_dir
+    from ada_core.run_dir import check_run_dir
     from ada_core.trainer import train as run_training
 
     overrides: dict = {}
@@ -83,13 +93,19 @@ def train(
     if engine is not None:
         overrides["rollout"] = {"engine": engine}
     try:
-        overrides = deep_merge(overrides, parse_set(set_))
+        try:
+            overrides = deep_merge(overrides, parse_set(set_))
+        except ValueError as err:  # a malformed --set is input too
+            raise InputError(str(err)) from None
         cfg = build_config(preset, profile, config_file=config, overrides=overrides)
         check_engine_config(cfg)
-    except (ConfigError, ValueError) as err:
-        raise typer.BadParameter(str(err)) from None
-    out = output_dir or runs_dir() / f"{preset}-seed{cfg.seed}"
-    last = run_training(cfg, out, resume=resume)
+        # Not created yet: a run that fails on its input leaves nothing behind under ADA_HOME.
+        out = output_dir or resume or runs_dir(create=False) / f"{preset}-seed{cfg.seed}"
+        check_run_dir(out, resume=resume, overwrite=overwrite)  # before any model or data is built
+        last = run_training(cfg, out, resume=resume, overwrite=overwrite)
+    except InputError as err:  # config, YAML, dataset and run-folder errors alike
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(INPUT_ERROR_EXIT) from None
     typer.echo(json.dumps({k: round(v, 4) for k, v in sorted(last.items())}, indent=1))
     typer.echo(f"run directory: {out}")
 

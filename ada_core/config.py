@@ -207,9 +207,23 @@ class DataConfig(_Strict):
     )
     train_size: int = Field(2048, ge=1, description="Prompts generated for built-in generators. Ours.")
     eval_size: int = Field(128, ge=1, description="Held-out prompts for periodic evaluation. Ours.")
+    max_prompt_tokens: int = Field(
+        1024, ge=1, description="Prompts longer than this many tokens (chat template included) are skipped, and the "
+        "count logged; a run fails only if too few remain. Ref: verl max_prompt_length=1024 with "
+        "filter_overlong_prompts.",
+    )
     curation_k: int = Field(16, ge=1, description="Samples per prompt in the difficulty filter. Paper: 16.")
     pass_rate_ceiling: float = Field(
         0.3125, gt=0.0, le=1.0, description="Difficulty filter keeps 0 < pass rate <= this. Paper easy: 0.3125."
+    )
+
+
+class CheckpointConfig(_Strict):
+    """What `checkpoint_every` writes is kept and checked (ada_core/checkpoints.py)."""
+
+    keep_last: int = Field(
+        3, ge=0, description="Checkpoints kept on disk; older ones are deleted after each save, never the newest "
+        "good one. 0 = keep all. Ours: 3, so a damaged newest checkpoint still has two to fall back to.",
     )
 
 
@@ -227,6 +241,7 @@ class TrainConfig(_Strict):
     eval_temperature: float = Field(1.0, gt=0.0, description="Eval sampling temperature. Paper: 1.0.")
     checkpoint_every: int = Field(50, ge=0, description="Checkpoint every C steps; 0 = only at the end.")
     sft_steps: int = Field(0, ge=0, description="SFT warm-start steps before RL (tiny model). Ours.")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
@@ -356,7 +371,15 @@ def build_config(
         path = Path(config_file)
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
-        loaded = yaml.safe_load(path.read_text()) or {}
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(err, "problem", None) or str(err)
+            raise ConfigError(f"config file {path}:{where}: not valid YAML ({problem})") from None
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"config file {path}: byte {err.start}: not valid UTF-8") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path}: expected a mapping at the top level")
         merged = deep_merge(merged, loaded)
@@ -365,7 +388,14 @@ def build_config(
     return validate_config(merged)
 
 
-class ConfigError(ValueError):
+class InputError(Exception):
+    """Bad user input (a config, a YAML file, a dataset): the message names the file, row and field.
+
+    The CLI turns every one into the same clean message and exit code (`ada_core.cli.INPUT_ERROR_EXIT`).
+    """
+
+
+class ConfigError(InputError, ValueError):
     """A config value is invalid; the message names the dotted field."""
 
 

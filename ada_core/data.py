@@ -18,8 +18,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ada_core.config import InputError
 from ada_core.records import Prompt
 from ada_core.rewards import last_boxed
+
+
+
+class DatasetError(InputError, ValueError):
+    """A dataset cannot be used; the message names the file, the 1-based row and the field."""
+
+
+class DatasetMissingError(InputError, FileNotFoundError):
+    """A dataset file that does not exist."""
+
 
 # ---------------------------------------------------------------------------------------------
 # Generators
@@ -34,10 +45,10 @@ def arithmetic_prompts(size: int, seed: int, difficulty: int | None = None) -> l
     """
     max_digits = 3 if difficulty is None else int(difficulty)
     if not 1 <= max_digits <= 6:
-        raise ValueError(f"arithmetic difficulty is the max operand digits, 1..6; got {difficulty}")
+        raise DatasetError(f"arithmetic difficulty is the max operand digits, 1..6; got {difficulty}")
     distinct = (10**max_digits) ** 2
     if size > distinct:
-        raise ValueError(f"arithmetic with up to {max_digits} digits has only {distinct} distinct problems; "
+        raise DatasetError(f"arithmetic with up to {max_digits} digits has only {distinct} distinct problems; "
                          f"asked for {size}")
     rng = random.Random(seed)
 
@@ -80,7 +91,7 @@ def reasoning_gym_prompts(task: str, size: int, seed: int, difficulty: int | Non
     level = 0 if difficulty is None else int(difficulty)
     top = reasoning_gym_levels(task)
     if not 0 <= level <= top:
-        raise ValueError(f"{task}: difficulty is a curriculum level 0..{top}; got {difficulty}")
+        raise DatasetError(f"{task}: difficulty is a curriculum level 0..{top}; got {difficulty}")
     curriculum = create_curriculum(task)
     curriculum.set_global_level(level)
     max_draws = 20 * size + 100
@@ -104,14 +115,14 @@ def reasoning_gym_prompts(task: str, size: int, seed: int, difficulty: int | Non
         ))
         if len(prompts) == size:
             return prompts
-    raise ValueError(f"{task} level {level}: found only {len(prompts)} distinct problems in {max_draws} draws; "
+    raise DatasetError(f"{task} level {level}: found only {len(prompts)} distinct problems in {max_draws} draws; "
                      f"asked for {size}")
 
 
 def reasoning_gym_levels(task: str) -> int:
     """The highest curriculum level of a reasoning-gym task."""
     if task not in REASONING_GYM_TASKS:
-        raise ValueError(f"unknown reasoning-gym task {task!r}; choose from {list(REASONING_GYM_TASKS)}")
+        raise DatasetError(f"unknown reasoning-gym task {task!r}; choose from {list(REASONING_GYM_TASKS)}")
     from reasoning_gym.factory import create_curriculum
 
     return max(len(attr.levels) for attr in create_curriculum(task).attributes.values()) - 1
@@ -126,9 +137,9 @@ def generate_prompts(name: str, size: int, seed: int, difficulty: int | None = N
     """Seeded prompts from a generator (`arithmetic` or a reasoning-gym task; `reasoning_gym/` optional)."""
     key = name.removeprefix("reasoning_gym/")
     if key not in GENERATORS:
-        raise ValueError(f"unknown generator {name!r}; choose from {sorted(GENERATORS)}")
+        raise DatasetError(f"unknown generator {name!r}; choose from {sorted(GENERATORS)}")
     if size < 1:
-        raise ValueError(f"{name}: size must be >= 1, got {size}")
+        raise DatasetError(f"{name}: size must be >= 1, got {size}")
     return GENERATORS[key](size, seed, difficulty)
 
 
@@ -188,7 +199,7 @@ def detect_schema(columns: set[str]) -> str:
         return "minerva"
     if {"problem", "answer"} <= columns:
         return "aime"
-    raise ValueError(
+    raise DatasetError(
         f"cannot tell the dataset schema from columns {sorted(columns)}; pass schema= one of {sorted(SCHEMAS)}"
     )
 
@@ -201,11 +212,21 @@ def load_dataset_file(path: str | Path, schema: str | None = None) -> list[Promp
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"dataset file {path} does not exist")
+        raise DatasetMissingError(f"dataset file {path} does not exist")
     columns, rows = _read_rows(path)
-    name = schema or detect_schema(columns)
+    if not rows:
+        raise DatasetError(f"{path}: the file has no rows (it is empty or blank)")
+    if schema is None:
+        try:
+            schema = detect_schema(columns)
+        except DatasetError:
+            raise DatasetError(
+                f"{path}: row 1: cannot tell the dataset schema from its fields {sorted(columns)}; a file needs a "
+                f"problem field ({_schema_hint()}) and an answer field"
+            ) from None
+    name = schema
     if name not in SCHEMAS:
-        raise ValueError(f"{path}: unknown schema {name!r}; choose from {sorted(SCHEMAS)}")
+        raise DatasetError(f"{path}: unknown schema {name!r}; choose from {sorted(SCHEMAS)}")
     spec = SCHEMAS[name]
     boxed_from_solution = spec.answer not in columns and "solution" in columns
     prompts: list[Prompt] = []
@@ -213,28 +234,32 @@ def load_dataset_file(path: str | Path, schema: str | None = None) -> list[Promp
     for n, row in rows:
         where = f"{path}: row {n}"
         if not isinstance(row, dict):
-            raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+            raise DatasetError(f"{where}: expected a JSON object, got {type(row).__name__}")
         text_col = next((c for c in spec.text if c in row), spec.text[0])
         text = _required_str(row, text_col, where)
         if boxed_from_solution:
             answer = last_boxed(_required_str(row, "solution", where))
             if answer is None:
-                raise ValueError(f"{where}: field 'solution' has no \\boxed{{}} answer and there is no 'answer' field")
+                raise DatasetError(f"{where}: field 'solution' has no \\boxed{{}} answer and there is no 'answer' field")
         else:
             answer = _answer(row, spec.answer, where)
         raw_id = row.get(spec.id) if spec.id else None
         if raw_id is None or raw_id == "":
             raw_id = n
         elif not isinstance(raw_id, (str, int)) or isinstance(raw_id, bool):
-            raise ValueError(f"{where}: field '{spec.id}' must be a string or integer, got {type(raw_id).__name__}")
+            raise DatasetError(f"{where}: field '{spec.id}' must be a string or integer, got {type(raw_id).__name__}")
         pid = str(raw_id) if name == "prompts" else f"{path.stem}/{raw_id}"
         if pid in first_row_of:
-            raise ValueError(f"{where}: field '{spec.id}' repeats id {raw_id!r} of row {first_row_of[pid]}")
+            raise DatasetError(f"{where}: field '{spec.id}' repeats id {raw_id!r} of row {first_row_of[pid]}")
         first_row_of[pid] = n
         prompts.append(_make_prompt(name, spec, row, pid, text, answer, path, where))
     if not prompts:
-        raise ValueError(f"{path}: no rows")
+        raise DatasetError(f"{path}: no rows")
     return prompts
+
+
+def _schema_hint() -> str:
+    return ", ".join(f"{'/'.join(spec.text)}+{spec.answer} ({name})" for name, spec in SCHEMAS.items())
 
 
 def _make_prompt(name: str, spec: FileSchema, row: dict, pid: str, text: str, answer: str, path: Path,
@@ -242,10 +267,10 @@ def _make_prompt(name: str, spec: FileSchema, row: dict, pid: str, text: str, an
     if name == "prompts":  # our own records round-trip with their source, difficulty and meta
         meta = row.get("meta") or {}
         if not isinstance(meta, dict):
-            raise ValueError(f"{where}: field 'meta' must be an object, got {type(meta).__name__}")
+            raise DatasetError(f"{where}: field 'meta' must be an object, got {type(meta).__name__}")
         difficulty = row.get("difficulty")
         if difficulty is not None and (isinstance(difficulty, bool) or not isinstance(difficulty, (int, float))):
-            raise ValueError(f"{where}: field 'difficulty' must be a number, got {type(difficulty).__name__}")
+            raise DatasetError(f"{where}: field 'difficulty' must be a number, got {type(difficulty).__name__}")
         meta.setdefault("answer_format", "boxed")
         return Prompt(id=pid, text=text, answer=answer, source=str(row.get("source") or ""),
                       difficulty=None if difficulty is None else float(difficulty), meta=meta)
@@ -261,37 +286,75 @@ def _read_rows(path: Path) -> tuple[set[str], list[tuple[int, Any]]]:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        names = set(pq.read_schema(path).names)
-        # Read only what some schema uses: OpenR1's generations columns alone are gigabytes.
-        wanted = {c for s in SCHEMAS.values() for c in (*s.text, s.answer, s.id, s.level, *s.meta) if c}
-        wanted |= {"solution", "meta", "difficulty"}
-        table = pq.read_table(path, columns=sorted(names & wanted))
+        import pyarrow as pa
+
+        try:
+            names = set(pq.read_schema(path).names)
+            # Read only what some schema uses: OpenR1's generations columns alone are gigabytes.
+            wanted = {c for s in SCHEMAS.values() for c in (*s.text, s.answer, s.id, s.level, *s.meta) if c}
+            wanted |= {"solution", "meta", "difficulty"}
+            table = pq.read_table(path, columns=sorted(names & wanted))
+        except (pa.ArrowException, OSError) as err:
+            raise DatasetError(f"{path}: not a readable parquet file ({err})") from None
         return names, list(enumerate(table.to_pylist(), start=1))
     if path.suffix == ".jsonl":
         rows, columns = [], set()
-        with path.open(encoding="utf-8") as fh:
-            for n, line in enumerate(fh, start=1):
+        with path.open("rb") as fh:
+            for n, raw in enumerate(fh, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise DatasetError(f"{path}: row {n}: {_bad_bytes_field(raw)} is not valid UTF-8 (byte "
+                                       f"0x{raw[err.start]:02x} at byte {err.start} of the line)") from None
                 if not line.strip():
                     continue
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as err:
-                    raise ValueError(f"{path}: row {n}: not valid JSON ({err.msg})") from None
+                    raise DatasetError(f"{path}: row {n}: not valid JSON ({err.msg})") from None
                 if isinstance(row, dict):
                     columns |= set(row)
                 rows.append((n, row))
         return columns, rows
-    raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use .parquet or .jsonl")
+    raise DatasetError(f"{path}: unsupported file type {path.suffix!r}; use .parquet or .jsonl")
+
+
+def _bad_bytes_field(raw: bytes) -> str:
+    """`field 'problem'`: which field of a JSON line holds the undecodable bytes, when the line parses."""
+    # surrogateescape keeps each bad byte as a lone surrogate, so the line still parses as JSON.
+    try:
+        row = json.loads(raw.decode("utf-8", errors="surrogateescape"))
+    except json.JSONDecodeError:
+        return "the line"
+
+    def bad(text: str) -> bool:
+        return any("\udc80" <= ch <= "\udcff" for ch in text)
+
+    def find(value: Any, name: str) -> str | None:
+        if isinstance(value, str):
+            return name if bad(value) else None
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, child in items:
+            child_name = f"{name}.{key}" if name else str(key)
+            if isinstance(key, str) and bad(key):
+                return child_name
+            found = find(child, child_name)
+            if found:
+                return found
+        return None
+
+    found = find(row, "")
+    return f"field {found!r}" if found else "the line"
 
 
 def _required_str(row: dict, field: str, where: str) -> str:
     value = row.get(field)
     if value is None:
-        raise ValueError(f"{where}: field '{field}' is missing")
+        raise DatasetError(f"{where}: field '{field}' is missing")
     if not isinstance(value, str):
-        raise ValueError(f"{where}: field '{field}' must be a string, got {type(value).__name__}")
+        raise DatasetError(f"{where}: field '{field}' must be a string, got {type(value).__name__}")
     if not value.strip():
-        raise ValueError(f"{where}: field '{field}' is empty")
+        raise DatasetError(f"{where}: field '{field}' is empty")
     return value.strip()
 
 
@@ -302,9 +365,9 @@ def _answer(row: dict, field: str, where: str) -> str:
         return str(value)
     if isinstance(value, list):
         if not value:
-            raise ValueError(f"{where}: field '{field}' is an empty list")
+            raise DatasetError(f"{where}: field '{field}' is an empty list")
         if not all(isinstance(v, str) and v.strip() for v in value):
-            raise ValueError(f"{where}: field '{field}' must hold non-empty strings")
+            raise DatasetError(f"{where}: field '{field}' must hold non-empty strings")
         return ", ".join(v.strip() for v in value)  # several answers read as one tuple by math-verify
     return _required_str(row, field, where)
 
@@ -327,9 +390,9 @@ def load_prompts(dataset: str, size: int | None = None, seed: int = 0) -> list[P
         name, level = (match["name"], int(match["level"])) if match else (dataset, None)
         if name.removeprefix("reasoning_gym/") in GENERATORS:
             if size is None:
-                raise ValueError(f"dataset {dataset!r} is a generator: give a size")
+                raise DatasetError(f"dataset {dataset!r} is a generator: give a size")
             return generate_prompts(name, size, seed, difficulty=level)
-        raise ValueError(
+        raise DatasetError(
             f"dataset {dataset!r}: no such file, and not a generator (choose from {sorted(GENERATORS)}, "
             "optionally with :level)"
         )
@@ -347,9 +410,9 @@ def split_prompts(prompts: Sequence[Prompt], eval_size: int, seed: int) -> tuple
     ids = [p.id for p in prompts]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
-        raise ValueError(f"cannot split: prompt id {dup!r} appears more than once")
+        raise DatasetError(f"cannot split: prompt id {dup!r} appears more than once")
     if not 0 <= eval_size < len(prompts):
-        raise ValueError(f"eval_size must be in [0, {len(prompts)}) for {len(prompts)} prompts; got {eval_size}")
+        raise DatasetError(f"eval_size must be in [0, {len(prompts)}) for {len(prompts)} prompts; got {eval_size}")
     held_out = set(random.Random(seed).sample(range(len(prompts)), eval_size))
     train = [p for i, p in enumerate(prompts) if i not in held_out]
     evals = [p for i, p in enumerate(prompts) if i in held_out]
@@ -370,7 +433,7 @@ def warm_start_prompts(dataset: str, held_out: Sequence[Prompt], seed: int) -> l
     draw = load_prompts(dataset, size=max(len(held_out), SFT_DRAW_SIZE), seed=seed + SFT_SEED_OFFSET)
     sft = [p for p in draw if p.text not in texts]
     if not sft:
-        raise ValueError(
+        raise DatasetError(
             f"data.dataset {dataset!r}: no prompts left for the SFT warm start once the RL and eval prompts are "
             "held out; use a larger dataset or sft_steps=0"
         )

@@ -234,15 +234,30 @@ def format_prompt_ids(tokenizer, prompt: Prompt) -> list[int]:
     return bos + list(ids)
 
 
-def encode_prompts(tokenizer, prompts: Sequence[Prompt]) -> None:
+# No tokenizer we use averages more than this many characters per token over a long text, so a text
+# past max_tokens * this is over the limit without tokenising it (one 50 MB prompt took 8+ GB to tokenise).
+MAX_CHARS_PER_TOKEN = 32
+
+
+def encode_prompts(tokenizer, prompts: Sequence[Prompt], max_tokens: int | None = None) -> list[Prompt]:
     """Fill `prompt.prompt_ids` in place, and `meta["answer_format"]` to match how it was posed.
 
     A chat prompt asks for `\\boxed{}`, so its answer format becomes `boxed` even for arithmetic,
-    whose bare `plain` answers would never match a chat model's sentence.
+    whose bare `plain` answers would never match a chat model's sentence. With `max_tokens`, prompts
+    whose ids (template included) would be longer are left out of the returned list, which is
+    otherwise `prompts`; a text too long to possibly fit is rejected before it is tokenised.
     """
+    kept = []
     for prompt in prompts:
+        if max_tokens is not None and len(prompt.text) > max_tokens * MAX_CHARS_PER_TOKEN:
+            continue
         prompt.prompt_ids = format_prompt_ids(tokenizer, prompt)
         prompt.meta["answer_format"] = answer_format(tokenizer, prompt)
+        if max_tokens is None or len(prompt.prompt_ids) <= max_tokens:
+            kept.append(prompt)
+        else:
+            prompt.prompt_ids = []
+    return kept
 
 
 def answer_format(tokenizer, prompt: Prompt) -> str:

@@ -6,10 +6,11 @@ import os
 from pathlib import Path
 
 
-def ada_home() -> Path:
-    """`$ADA_HOME`, or `./.ada` in the working directory; created on first use."""
+def ada_home(create: bool = True) -> Path:
+    """`$ADA_HOME`, or `./.ada` in the working directory; created on first use unless `create=False`."""
     home = Path(os.environ.get("ADA_HOME") or Path.cwd() / ".ada").resolve()
-    home.mkdir(parents=True, exist_ok=True)
+    if create:
+        home.mkdir(parents=True, exist_ok=True)
     return home
 
 
@@ -19,9 +20,10 @@ def models_dir() -> Path:
     return path
 
 
-def runs_dir() -> Path:
-    path = ada_home() / "runs"
-    path.mkdir(parents=True, exist_ok=True)
+def runs_dir(create: bool = True) -> Path:
+    path = ada_home(create) / "runs"
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
     return path
 
 

@@ -8,7 +8,11 @@ Run directory layout:
     config.yaml            the validated TrainConfig
     metrics.jsonl          one line per step (and per evaluation), keys from ada_core.metrics
     generations.jsonl      sampled eval generations every E steps
-    checkpoints/step_N/    hf/ weights + tokenizer, optimizer/, trainer_state.json, COMPLETE marker
+    checkpoints/step_N/    hf/ weights + tokenizer, optimizer/, trainer_state.json, MANIFEST.json
+                           (sha256 of every file), COMPLETE marker; the newest `checkpoint.keep_last` kept
+
+Resume takes the newest checkpoint whose files match their manifest (ada_core/checkpoints.py) and
+trims every per-step file (metrics.jsonl, generations.jsonl) back to its step.
 """
 
 from __future__ import annotations
@@ -29,14 +33,18 @@ import yaml
 from tqdm.auto import tqdm
 
 from ada_core import metrics as K
+from ada_core.checkpoints import (
+    COMPLETE, CheckpointChoice, latest_good_checkpoint, mark_complete, prune_checkpoints, read_jsonl, trim_jsonl,
+)
 from ada_core.config import TrainConfig
-from ada_core.data import load_prompts, split_prompts, warm_start_prompts
+from ada_core.data import DatasetError, load_prompts, split_prompts, warm_start_prompts
 from ada_core.engines.deepspeed_engine import DeepSpeedUpdateEngine
 from ada_core.engines.transformers_engine import TransformersRolloutEngine
 from ada_core.models import encode_prompts, load_policy, resolve_model, sft_warm_start
 from ada_core.protocols import PromptSource, RolloutEngine, SamplingParams
 from ada_core.records import Prompt, RolloutBatch
 from ada_core.rewards import MathVerifier
+from ada_core.run_dir import check_run_dir, claim_run_dir
 from ada_core.sampling import make_sampler
 
 log = logging.getLogger(__name__)
@@ -67,6 +75,8 @@ class RunState:
     totals: dict[str, float] = field(default_factory=lambda: {k: 0.0 for k in CUMULATIVE.values()})
     elapsed_s: float = 0.0
     num_params: int = 0
+    skipped_prompts: int = 0  # longer than data.max_prompt_tokens
+    resumed_from: CheckpointChoice | None = None
 
     @property
     def sampling(self) -> SamplingParams:
@@ -99,14 +109,24 @@ class Callbacks:
     on_checkpoint: Callable[[int, Path], None] | None = None
 
 
-def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None = None) -> RunState:
-    """Build models, data and engines; with `resume`, restore the last complete checkpoint of that run."""
+def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None = None,
+          overwrite: bool = False) -> RunState:
+    """Build models, data and engines; with `resume`, restore the newest good checkpoint of that run.
+
+    `output_dir` must not hold another run (`ada_core.run_dir`): resume it, or `overwrite` to move the
+    old run aside first. Bad input (dataset, config) raises an `InputError` before the folder is
+    claimed, so nothing is written or moved.
+    """
     output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    _seed_everything(config.seed)
-    checkpoint = latest_checkpoint(Path(resume)) if resume else None
+    choice = latest_good_checkpoint(Path(resume)) if resume else None
+    checkpoint = choice.path if choice is not None else None
     if resume and checkpoint is None:
-        raise FileNotFoundError(f"--resume {resume}: no complete checkpoint under {Path(resume) / 'checkpoints'}")
+        detail = "".join(f"; {p.name}: {why}" for p, why in choice.rejected)
+        raise FileNotFoundError(f"--resume {resume}: no complete checkpoint under {Path(resume) / 'checkpoints'}{detail}")
+    if choice is not None and choice.rejected:
+        log.warning("--resume %s: %s", resume, choice.describe())
+    check_run_dir(output_dir, resume=resume, overwrite=overwrite)  # refuse early; claimed once inputs are read
+    _seed_everything(config.seed)
 
     prompts = load_prompts(config.data.dataset, size=config.data.train_size + config.data.eval_size, seed=config.seed)
     train_prompts, eval_prompts = split_prompts(prompts, eval_size=config.data.eval_size, seed=config.seed)
@@ -119,8 +139,10 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
             sft = warm_start_prompts(config.data.dataset, train_prompts + eval_prompts, config.seed)
             model_dir = sft_warm_start(model_dir, sft, steps=config.sft_steps, seed=config.seed)
     model, tokenizer = load_policy(model_dir)
-    encode_prompts(tokenizer, train_prompts)
-    encode_prompts(tokenizer, eval_prompts)
+    train_prompts, eval_prompts, skipped = _encode_within_limit(tokenizer, train_prompts, eval_prompts, config)
+    moved = claim_run_dir(output_dir, resume=resume, overwrite=overwrite)
+    if moved is not None:
+        log.warning("moved the run that was in %s aside to %s", output_dir, moved)
 
     total_optimizer_steps = config.steps * config.optim.mini_batches * config.optim.ppo_epochs
     updater = DeepSpeedUpdateEngine(
@@ -140,6 +162,8 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
         eval_prompts=eval_prompts,
         rng=np.random.default_rng(config.seed),
         num_params=sum(p.numel() for p in model.parameters()),
+        skipped_prompts=skipped,
+        resumed_from=choice,
     )
     try:
         (output_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(), sort_keys=False))
@@ -149,6 +173,24 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
         state.close()  # a launched vLLM server must not outlive a failed set-up
         raise
     return state
+
+
+def _encode_within_limit(tokenizer, train: list[Prompt], evals: list[Prompt],
+                         config: TrainConfig) -> tuple[list[Prompt], list[Prompt], int]:
+    """Tokenise both sets, skipping prompts past `data.max_prompt_tokens`; fail if a set is left empty."""
+    limit = config.data.max_prompt_tokens
+    kept_train = encode_prompts(tokenizer, train, max_tokens=limit)
+    kept_eval = encode_prompts(tokenizer, evals, max_tokens=limit)
+    skipped = len(train) + len(evals) - len(kept_train) - len(kept_eval)
+    if skipped:
+        first = next(p.id for p in [*train, *evals] if not p.prompt_ids)
+        log.warning("skipped %d of %d prompts longer than data.max_prompt_tokens=%d (first: %s)",
+                    skipped, len(train) + len(evals), limit, first)
+    for name, before, after in (("training", train, kept_train), ("evaluation", evals, kept_eval)):
+        if before and not after:
+            raise DatasetError(f"data.dataset {config.data.dataset}: every {name} prompt is longer than "
+                               f"data.max_prompt_tokens={limit} tokens")
+    return kept_train, kept_eval, skipped
 
 
 def build_rollout_engine(config: TrainConfig, model_dir: Path, module, tokenizer, output_dir: Path,
@@ -236,9 +278,10 @@ def save_checkpoint(state: RunState) -> Path:
     }
     (tmp / "trainer_state.json").write_text(json.dumps(trainer_state))
     torch.save(torch.get_rng_state(), tmp / "torch_rng.pt")
-    (tmp / "COMPLETE").write_text("ok\n")
+    mark_complete(tmp)  # MANIFEST.json (sha256 of every file), then COMPLETE
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
+    prune_checkpoints(state.output_dir, state.config.checkpoint.keep_last, newest_good=final)
     return final
 
 
@@ -247,9 +290,10 @@ def _checkpoint_step(checkpoint: Path) -> int:
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest checkpoint with its COMPLETE marker; half-written ones are ignored."""
+    """The newest checkpoint with its COMPLETE marker; half-written ones are ignored. Not hashed:
+    use `ada_core.checkpoints.latest_good_checkpoint` where the files must be checked (resume)."""
     root = run_dir / "checkpoints"
-    done = sorted(p for p in root.glob("step_*") if (p / "COMPLETE").is_file()) if root.is_dir() else []
+    done = sorted(p for p in root.glob("step_*") if (p / COMPLETE).is_file()) if root.is_dir() else []
     return done[-1] if done else None
 
 
@@ -263,7 +307,8 @@ def _restore(state: RunState, checkpoint: Path) -> None:
     random.setstate(_python_rng(saved["python_rng"]))
     torch.set_rng_state(torch.load(checkpoint / "torch_rng.pt"))
     state.updater.load(checkpoint / "optimizer")
-    _keep_metrics_until(checkpoint.parents[1] / "metrics.jsonl", state.output_dir / "metrics.jsonl", state.step)
+    for name in PER_STEP_FILES:
+        trim_jsonl(checkpoint.parents[1] / name, state.output_dir / name, state.step)
     log.info("resumed from %s at step %d", checkpoint, state.step)
 
 
@@ -329,34 +374,25 @@ def _run_eval(state: RunState, steps: StepFunctions, callbacks: Callbacks, metri
 
 
 def train(config: TrainConfig, output_dir: str | Path, resume: str | Path | None = None,
-          steps: StepFunctions = DEFAULT_STEPS, callbacks: Callbacks | None = None) -> dict[str, float]:
+          steps: StepFunctions = DEFAULT_STEPS, callbacks: Callbacks | None = None,
+          overwrite: bool = False) -> dict[str, float]:
     """Set up, run every step, clean up. Returns the final step's metrics."""
-    state = setup(config, output_dir, resume=resume)
+    state = setup(config, output_dir, resume=resume, overwrite=overwrite)
     try:
         return run_steps(state, steps, callbacks)
     finally:
         state.close()
 
 
+PER_STEP_FILES = ("metrics.jsonl", "generations.jsonl")  # rows keyed by "step"; trimmed on resume
+
+
 def read_metrics(run_dir: str | Path) -> list[dict[str, float]]:
-    path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return read_jsonl(Path(run_dir) / "metrics.jsonl")
 
 
 def _read_generations(run_dir: Path, step: int) -> list[dict[str, Any]]:
-    path = run_dir / "generations.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    return [r for r in rows if r["step"] == step]
-
-
-def _keep_metrics_until(source: Path, target: Path, step: int) -> None:
-    """Carry the resumed run's metrics up to `step` into `target`, dropping rows logged after the checkpoint."""
-    if not source.exists():
-        return
-    rows = [line for line in source.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-    tmp = target.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(line + "\n" for line in rows))
-    tmp.replace(target)
+    return [r for r in read_jsonl(run_dir / "generations.jsonl") if r["step"] == step]
 
 
 def _append_jsonl(path: Path, row: dict[str, Any]) -> None:

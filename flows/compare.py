@@ -17,12 +17,11 @@ from prefect import flow, get_run_logger
 
 from ada_core import metrics as K
 from ada_core.budget import matched_grpo_prompts
-from ada_core.paths import runs_dir
 from ada_core.trainer import read_metrics
 from flows import fanout, tracking
-from flows.group import child_params, finish_group, log_group_params, run_children
+from flows.group import child_params, finish_group, group_folder, group_tags, log_group_params, run_children
 from flows.params import CompareParams, TrainParams
-from flows.runtime import run_stamp, set_torch_threads
+from flows.runtime import set_torch_threads
 from flows.train import prepare_data
 
 MATCHED_LABEL = "grpo-matched"
@@ -48,11 +47,12 @@ def compare(params: CompareParams = CompareParams()) -> dict[str, Any]:
     logger = get_run_logger()
     set_torch_threads()
     uri = tracking.resolve_tracking_uri(params.tracking_uri)
-    group = f"compare-{run_stamp()}"
-    group_dir = runs_dir() / group
+    group_dir, parent_run = group_folder(params, "compare", uri)
+    group = group_dir.name
     order = sorted(params.variants, key=lambda p: p != REFERENCE)  # the reference first: the control needs it
 
-    with tracking.tracked_run(uri, params.experiment, group, tags={"ada.flow": "compare"}) as (client, parent_id):
+    with tracking.tracked_run(uri, params.experiment, group, tags=group_tags("compare"),
+                             run_id=parent_run) as (client, parent_id):
         logger.info("compare %s: MLflow parent run %s at %s", group, parent_id, uri)
         log_group_params(client, parent_id, params, variants=params.variants, seeds=params.seeds,
                          matched_grpo=params.matched_grpo, register_as=params.register_as, alias=params.alias,

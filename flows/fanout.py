@@ -37,6 +37,7 @@ from prefect.utilities.urls import url_for
 from flows.params import GroupSettings, TrainParams
 
 FollowUp = Callable[[dict[str, Any]], list[TrainParams]]
+Plan = Callable[[TrainParams], tuple[TrainParams, dict[str, Any] | None]]
 
 
 def flow_run_url(flow_run_id: str | UUID | None) -> str | None:
@@ -139,9 +140,12 @@ def failure_record(params: TrainParams, flow_run_id: str | UUID | None, state: s
 
 def run_deployments(
     children: list[TrainParams], follow_up: FollowUp, params: GroupSettings, group: str, client: MlflowClient,
-    experiment_id: str, tracking_uri: str,
+    experiment_id: str, tracking_uri: str, plan: Plan,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Submit every child, then wait; a finished child's follow-ups (the matched control) go in at once.
+
+    `plan(child)` (flows.group.plan_child) -> (params to run, None), or (params, its result) for a
+    child that finished in an earlier attempt of a resumed group: not submitted again.
 
     Returns (results of the Completed children, failure records of the others).
     """
@@ -152,7 +156,16 @@ def run_deployments(
     limits += [group_limit] if group_limit else []
     pending: dict[UUID, TrainParams] = {}
 
+    results: list[dict[str, Any]] = []
+    failures: list[dict[str, Any]] = []
+
     def launch(child: TrainParams) -> None:
+        child, done = plan(child)
+        if done is not None:
+            results.append(done)
+            for extra in follow_up(done):
+                launch(extra)
+            return
         child = child.model_copy(update={"concurrency_limits": limits})
         flow_run_id = submit(child, params.deployment, group)
         pending[flow_run_id] = child
@@ -160,7 +173,6 @@ def run_deployments(
 
     for child in children:
         launch(child)
-    results, failures = [], []
     while pending:
         for run in wait_for_any(pending, params.poll_s):
             child = pending.pop(run.id)

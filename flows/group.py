@@ -10,6 +10,10 @@ under `report/`, and published as a Prefect markdown artifact.
 A child that fails does not sink the group: the others run, and the report, the artifact and the
 summary name it with a link to its flow run. The parent ends Failed only when no child succeeded.
 A matched control whose reference failed is reported as not run.
+
+A group with `resume` reopens its folder and parent run; each child is then planned by
+`plan_child`, in either mode: a child that finished (its result.json) is skipped, one that started
+resumes.
 """
 
 from __future__ import annotations
@@ -24,9 +28,12 @@ from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from ada_core import metrics as K
+from ada_core.paths import runs_dir
 from flows import fanout, tracking
+from flows import resume as resuming
 from flows.params import GroupSettings, RunSettings, TrainParams, flatten_dotted
 from flows.report import load_run, write_report
+from flows.runtime import run_stamp
 from flows.train import train
 
 
@@ -49,7 +56,11 @@ def run_inline(children: list[TrainParams], follow_up: fanout.FollowUp) -> tuple
     """Each child as a `train` subflow, in order; a child's follow-ups run right after it."""
     results, failures, queue = [], [], list(children)
     while queue:
-        child = queue.pop(0)
+        child, done = plan_child(queue.pop(0))
+        if done is not None:
+            results.append(done)
+            queue[0:0] = follow_up(done)
+            continue
         state = train.with_options(flow_run_name=child.run_name)(child, return_state=True)
         flow_run_id = state.state_details.flow_run_id
         if state.is_completed():
@@ -76,7 +87,40 @@ def run_children(
         get_run_logger().warning("children on workers all write the SQLite store %s; the `make ui` MLflow server "
                                  "or PostgreSQL takes concurrent writers better", tracking_uri)
     experiment_id = client.get_run(parent_run_id).info.experiment_id
-    return fanout.run_deployments(children, follow_up, params, group, client, experiment_id, tracking_uri)
+    return fanout.run_deployments(children, follow_up, params, group, client, experiment_id, tracking_uri, plan_child)
+
+
+def plan_child(params: TrainParams) -> tuple[TrainParams, dict[str, Any] | None]:
+    """A child of a resumed group: finished -> (params, its result), not rerun; started (its folder
+    exists) -> params with `resume` set to that folder; else unchanged params to run from scratch."""
+    out = Path(params.output_dir)
+    done = resuming.finished_result(out)
+    if done is not None:
+        get_run_logger().info("%s finished in an earlier attempt: skipped", params.run_name)
+        return params, done
+    if out.is_dir():
+        return params.model_copy(update={"resume": str(out)}), None
+    return params, None
+
+
+def group_tags(kind: str) -> dict[str, str]:
+    """The parent run's tags: its flow, and the process and Prefect flow run that own it (flows/resume.py)."""
+    from prefect.runtime import flow_run
+
+    return {"ada.flow": kind, resuming.FLOW_RUN: str(flow_run.get_id() or ""), **resuming.process_tags()}
+
+
+def group_folder(settings: RunSettings, kind: str, uri: str) -> tuple[Path, str | None]:
+    """(group folder, parent MLflow run to reopen): a new folder and None, or those of `settings.resume`,
+    whose dead parent run is marked KILLED first."""
+    resume = getattr(settings, "resume", None)
+    if not resume:
+        return runs_dir() / f"{kind}-{run_stamp()}", None
+    client = MlflowClient(uri)
+    target = resuming.resolve(resume, client, settings.experiment)
+    if target.run_id is not None:
+        resuming.take_over(client, target.run_id)
+    return target.run_dir, target.run_id
 
 
 def best_result(results: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -104,7 +148,8 @@ def child_links(results: list[dict[str, Any]], client: MlflowClient, parent_run_
     lines = []
     for r in results:
         prefect_url = fanout.flow_run_url(r.get("flow_run_id"))
-        prefect = f"[flow run]({prefect_url})" if prefect_url else f"flow run `{r.get('flow_run_id')}`"
+        prefect = (f"[flow run]({prefect_url})" if prefect_url else f"flow run `{r['flow_run_id']}`"
+                   if r.get("flow_run_id") else "finished in an earlier attempt")
         mlflow_url = fanout.mlflow_run_url(client.tracking_uri, experiment_id, r["run_id"])
         mlflow = f"[MLflow run {r['run_id']}]({mlflow_url})" if mlflow_url else f"MLflow run `{r['run_id']}`"
         lines.append(f"- `{r['variant']}` seed {r['seed']}: {prefect}, {mlflow}, dir `{r['run_dir']}`")
@@ -174,7 +219,7 @@ def finish_group(
 
 
 def log_group_params(client: MlflowClient, run_id: str, settings: RunSettings, **extra: Any) -> None:
-    params = {k: v for k, v in settings.model_dump().items() if k != "overrides"}
+    params = {k: v for k, v in settings.model_dump().items() if k not in ("overrides", "resume")}
     params["overrides"] = json.dumps(settings.overrides, sort_keys=True)
     params.update({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in extra.items()})
     tracking.log_params(client, run_id, params)

@@ -96,7 +96,18 @@ class TrainParams(RunSettings):
         None, description="Register the final checkpoint in the Model Registry under this name."
     )
     alias: str = Field("candidate", min_length=1, description="Alias for the registered version ('latest' is reserved).")
-    output_dir: str | None = Field(None, description="Run directory; empty = $ADA_HOME/runs/<run name>-<time>.")
+    output_dir: str | None = Field(
+        None, description="Run directory; empty = $ADA_HOME/runs/<run name>-<time>. A folder that already holds a "
+                          "run is refused unless overwrite is set."
+    )
+    overwrite: bool = Field(
+        False, description="Start afresh in an output_dir that holds a run, moving the old run aside to "
+                           "<dir>.replaced-<time> (it is never deleted)."
+    )
+    resume: str | None = Field(
+        None, description="Continue a crashed or stopped run: its run folder or MLflow run id. Same folder, same "
+        "MLflow run, from its newest good checkpoint (output_dir is ignored). Give the run's other values unchanged.",
+    )
     concurrency_limits: list[LimitName] = Field(
         default_factory=list,
         description="Prefect global concurrency limits this run holds one slot of from before its MLflow run "
@@ -149,6 +160,10 @@ class CompareParams(GroupSettings):
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="Training seeds.")
     register_as: str = Field("ada-policy", min_length=1, description="Registered model name for the best policy.")
     alias: str = Field("champion", min_length=1, description="Alias pointed at the best policy's version.")
+    resume: str | None = Field(
+        None, description="Continue a crashed group: its folder or parent MLflow run id. Finished children are "
+        "skipped, the others resume from their last good checkpoint. Give the group's other values unchanged.",
+    )
 
     @model_validator(mode="after")
     def _matched_needs_reference(self) -> "CompareParams":
@@ -169,6 +184,10 @@ class SweepParams(GroupSettings):
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="Training seeds.")
     register_as: str = Field("ada-policy", min_length=1, description="Registered model name for the best policy.")
     alias: str = Field("champion", min_length=1, description="Alias pointed at the best policy's version.")
+    resume: str | None = Field(
+        None, description="Continue a crashed group: its folder or parent MLflow run id. Finished children are "
+        "skipped, the others resume from their last good checkpoint. Give the group's other values unchanged.",
+    )
 
     def grid(self) -> list[tuple[str, str, dict[str, Any]]]:
         """`(preset, label, sampler overrides)` for every point; fixed-size samplers skip N and M.

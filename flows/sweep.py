@@ -12,11 +12,10 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from ada_core.paths import runs_dir
 from flows import tracking
-from flows.group import child_params, finish_group, log_group_params, run_children
+from flows.group import child_params, finish_group, group_folder, group_tags, log_group_params, run_children
 from flows.params import SweepParams
-from flows.runtime import run_stamp, set_torch_threads
+from flows.runtime import set_torch_threads
 from flows.train import prepare_data
 
 
@@ -28,10 +27,11 @@ def sweep(params: SweepParams = SweepParams()) -> dict[str, Any]:
     logger = get_run_logger()
     set_torch_threads()
     uri = tracking.resolve_tracking_uri(params.tracking_uri)
-    group = f"sweep-{run_stamp()}"
-    group_dir = runs_dir() / group
+    group_dir, parent_run = group_folder(params, "sweep", uri)
+    group = group_dir.name
 
-    with tracking.tracked_run(uri, params.experiment, group, tags={"ada.flow": "sweep"}) as (client, parent_id):
+    with tracking.tracked_run(uri, params.experiment, group, tags=group_tags("sweep"),
+                             run_id=parent_run) as (client, parent_id):
         logger.info("sweep %s: %d points x %d seeds; MLflow parent run %s", group, len(grid), len(params.seeds),
                     parent_id)
         log_group_params(client, parent_id, params, variants=params.variants, N=params.N, M=params.M, n=params.n,

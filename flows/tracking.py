@@ -28,6 +28,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 from mlflow.exceptions import MlflowException
 
+from ada_core import metrics as K
 from ada_core.config import TrainConfig, flat_params
 from ada_core.paths import ada_home
 from ada_core.trainer import Callbacks
@@ -124,17 +125,23 @@ def tracked_run(
     run_name: str,
     parent_run_id: str | None = None,
     tags: dict[str, str] | None = None,
+    run_id: str | None = None,
 ) -> Iterator[tuple[MlflowClient, str]]:
     """Start an MLflow run (child of `parent_run_id` if given) with system metrics; yield (client, run_id).
 
-    The run ends FINISHED, or FAILED when the body raises. Logging goes through the returned client
-    with an explicit run id, so it does not depend on which thread holds MLflow's active-run stack.
+    With `run_id`, reopen that run instead (a resume): same id, status RUNNING again, system metrics
+    continue after their last step. The run ends FINISHED, or FAILED when the body raises. Logging
+    goes through the returned client with an explicit run id, so it does not depend on which thread
+    holds MLflow's active-run stack.
     """
     tracking_uri = with_postgres_driver(tracking_uri)
     use_tracking_uri(tracking_uri)
     client = MlflowClient(tracking_uri)
     experiment_id = ensure_experiment(client, experiment)
+    if run_id is not None:
+        experiment_id, run_name = None, None  # taken from the run itself
     with mlflow.start_run(
+        run_id=run_id,
         experiment_id=experiment_id,
         run_name=run_name,
         parent_run_id=parent_run_id,
@@ -215,34 +222,34 @@ def log_checkpoint(client: MlflowClient, run_id: str, checkpoint: Path) -> str:
 class RunLogger:
     """The trainer callbacks of one MLflow run: step and eval metrics, generation tables, checkpoints.
 
-    Step metrics are buffered and sent in batches (at most every `flush_interval_s`, or when a
-    batch is full) through MLflow's async queue: one 60-metric `log_batch` costs ~30 ms on SQLite,
-    as much as a tenth of a tiny-model step, and a 600-metric one ~110 ms. `flush()` sends what
-    is left and waits; the flows call it before the run ends. Tables and checkpoints are written
-    synchronously: they are rare and must exist once the callback returns.
+    Metric rows are held until the checkpoint that covers them and sent then, each with its step,
+    whole rows per `log_batch` (so a crash never leaves half a row). Why not as they come: MLflow's
+    metric history is append-only, and a resume re-runs the steps after its checkpoint; rows sent
+    for those steps before the crash would stay next to the re-run's, two values for one step (the
+    time/* keys differ). Held until the checkpoint, MLflow only ever has rows a resume keeps, and a
+    resume sends the covered rows a crash left unsent (`send_missing`). The cost: MLflow's curves
+    trail metrics.jsonl by up to `checkpoint_every` steps. One batch of a few hundred metrics costs
+    tens of ms, once per checkpoint. Tables and checkpoints are written synchronously.
     """
 
-    def __init__(self, client: MlflowClient, run_id: str, flush_interval_s: float = 5.0):
+    def __init__(self, client: MlflowClient, run_id: str):
         self.client = client
         self.run_id = run_id
-        self.flush_interval_s = flush_interval_s
-        self._buffer: list[Metric] = []
-        self._pending: list[Any] = []
-        self._last_send = time.monotonic()
+        self._rows: list[tuple[int, list[Metric]]] = []
 
     def _add(self, metrics: dict[str, float], step: int) -> None:
         now_ms = int(time.time() * 1000)
-        self._buffer.extend(Metric(k, float(v), now_ms, step) for k, v in metrics.items())
-        if len(self._buffer) >= _MAX_METRICS_PER_BATCH or time.monotonic() - self._last_send >= self.flush_interval_s:
-            self._send()
+        self._rows.append((step, [Metric(k, float(v), now_ms, step) for k, v in metrics.items()]))
 
-    def _send(self) -> None:
-        while self._buffer:
-            batch, self._buffer = self._buffer[:_MAX_METRICS_PER_BATCH], self._buffer[_MAX_METRICS_PER_BATCH:]
-            operation = self.client.log_batch(self.run_id, metrics=batch, synchronous=False)
-            if operation is not None:
-                self._pending.append(operation)
-        self._last_send = time.monotonic()
+    def _send(self, rows: list[list[Metric]]) -> None:
+        batch: list[Metric] = []
+        for row in rows:
+            if batch and len(batch) + len(row) > _MAX_METRICS_PER_BATCH:
+                self.client.log_batch(self.run_id, metrics=batch)
+                batch = []
+            batch.extend(row)
+        if batch:
+            self.client.log_batch(self.run_id, metrics=batch)
 
     def on_step(self, step: int, metrics: dict[str, float]) -> None:
         self._add(metrics, step)
@@ -252,16 +259,41 @@ class RunLogger:
         log_generations(self.client, self.run_id, step, generations)
 
     def on_checkpoint(self, step: int, path: Path) -> None:
+        covered = [row for s, row in self._rows if s <= step]
+        self._rows = [(s, row) for s, row in self._rows if s > step]
+        self._send(covered)
         log_checkpoint(self.client, self.run_id, path)
 
+    def send_missing(self, rows: list[dict[str, Any]]) -> int:
+        """Send the metrics.jsonl rows MLflow lacks (a crash between a checkpoint and its send); returns how many.
+
+        A row is on MLflow when the history of its marker key (time/step_s for a step, the eval
+        key for an evaluation) has its step.
+        """
+        seen: dict[str, set[int]] = {}
+        missing = []
+        for row in rows:
+            values = {k: v for k, v in row.items() if k != "step"}
+            if not values:
+                continue
+            marker = next((k for k in _ROW_MARKERS if k in values), min(values))
+            if marker not in seen:
+                seen[marker] = {m.step for m in self.client.get_metric_history(self.run_id, marker)}
+            if int(row["step"]) not in seen[marker]:
+                now_ms = int(time.time() * 1000)
+                missing.append([Metric(k, float(v), now_ms, int(row["step"])) for k, v in values.items()])
+        self._send(missing)
+        return len(missing)
+
     def flush(self) -> None:
-        self._send()
-        pending, self._pending = self._pending, []
-        for operation in pending:
-            operation.wait()
+        """Nothing to wait for: rows go out synchronously at checkpoints. Rows after the last one stay
+        in metrics.jsonl only; a resume re-runs those steps."""
 
     def callbacks(self) -> Callbacks:
         return Callbacks(on_step=self.on_step, on_eval=self.on_eval, on_checkpoint=self.on_checkpoint)
+
+
+_ROW_MARKERS = (K.TIME_STEP_S, K.EVAL_AVG_AT_K)
 
 
 # ---------------------------------------------------------------------------------------------

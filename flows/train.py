@@ -6,6 +6,10 @@ MLflow callbacks, so each step shows up as `rollout-step-N` and `update-step-N` 
 
     python -c "from flows.train import train; from flows.params import TrainParams; \
                train(TrainParams(preset='ada-balance', steps=20))"
+
+Resume (flows/resume.py): `TrainParams(resume=<run folder or MLflow run id>)`, or a Prefect retry of
+the same flow run, continues the same run folder and the same MLflow run from the newest good
+checkpoint; MLflow gets each step's row once (tracking.RunLogger says how).
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from prefect.runtime import flow_run
 
 from ada_core.config import TrainConfig
 from ada_core.paths import runs_dir
-from ada_core.trainer import latest_checkpoint, run_steps, setup
+from ada_core.run_dir import check_run_dir
+from ada_core.trainer import PER_STEP_FILES, latest_checkpoint, read_metrics, run_steps, setup
+from flows import resume as resuming
 from flows import tracking
 from flows.params import TrainParams
 from flows.report import RUN_INFO
@@ -49,9 +55,29 @@ def prepare_data(config: TrainConfig, curate: bool, curation_seed: int) -> tuple
     }
 
 
+def check_inputs(config: TrainConfig) -> None:
+    """Read the dataset once before any MLflow run or folder exists: a bad file or row fails here."""
+    from ada_core.data import load_prompts, split_prompts
+
+    prompts = load_prompts(config.data.dataset, size=config.data.train_size + config.data.eval_size, seed=config.seed)
+    split_prompts(prompts, eval_size=config.data.eval_size, seed=config.seed)
+
+
+def _fresh_start(out: Path) -> None:
+    """A resumed run that died before its first checkpoint starts over in its folder (and MLflow run,
+    which holds no metrics yet: rows are sent at checkpoints)."""
+    import shutil
+
+    for name in (*PER_STEP_FILES, "config.yaml", RUN_INFO):  # rewritten once set-up succeeds
+        (out / name).unlink(missing_ok=True)
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)
+
+
 @flow(name="train", log_prints=True)
 def train(params: TrainParams = TrainParams()) -> dict[str, Any]:
-    """Train one variant and log it to MLflow; returns its run id, run directory and final metrics."""
+    """Train one variant and log it to MLflow; returns its run id, run directory and final metrics.
+
+    With `params.resume` (or when Prefect retries this flow run) it continues that run instead."""
     params.config()  # first: an invalid value raises ConfigError naming the field, before any wait for a slot
     with training_slots(params.concurrency_limits):
         return train_run(params)
@@ -84,26 +110,42 @@ def train_run(params: TrainParams) -> dict[str, Any]:
     variant = params.variant or params.preset
     label = params.run_name or f"{variant}-s{params.seed}"
     uri = tracking.resolve_tracking_uri(params.tracking_uri)
+    if not params.curate:
+        check_inputs(config)
+    flow_run_id = str(flow_run.get_id() or "")
+    target = _resume_target(params, uri, flow_run_id)
+    if target is not None:
+        out = target.run_dir
+    else:
+        out = Path(params.output_dir) if params.output_dir else runs_dir() / f"{label}-{run_stamp()}"
+        check_run_dir(out, overwrite=params.overwrite)  # before curation and before an MLflow run is opened
     run_config, provenance = prepare_data(config, params.curate, params.curation_seed)
-    out = Path(params.output_dir) if params.output_dir else runs_dir() / f"{label}-{run_stamp()}"
     tags = {"ada.flow": "train", "ada.variant": variant, "ada.preset": params.preset, "ada.seed": str(params.seed),
-            "prefect.flow_run_id": str(flow_run.get_id() or "")}
+            resuming.FLOW_RUN: flow_run_id, **resuming.process_tags()}
 
-    with tracking.tracked_run(uri, params.experiment, label, params.parent_run_id, tags) as (client, run_id):
+    run_id = target.run_id if target is not None else None
+    with tracking.tracked_run(uri, params.experiment, label, params.parent_run_id, tags, run_id=run_id) as (client, run_id):
         logger.info("MLflow run %s (%s) -> %s; run dir %s", label, run_id, uri, out)
-        extra = {k: v for k, v in provenance.items() if k != "dataset_hash"}
-        tracking.log_params(client, run_id, tracking.run_params(
-            config, variant=variant, dataset_digest=provenance["dataset_hash"],
-            extra={**extra, "preset": params.preset, "engine": params.engine, "run_dir": str(out)},
-        ))
-        state = setup(run_config, out)
+        if target is None or target.run_id is None:
+            extra = {k: v for k, v in provenance.items() if k != "dataset_hash"}
+            tracking.log_params(client, run_id, tracking.run_params(
+                config, variant=variant, dataset_digest=provenance["dataset_hash"],
+                extra={**extra, "preset": params.preset, "engine": params.engine, "run_dir": str(out)},
+            ))
+        state = _setup(run_config, out, target, client, run_id, logger, overwrite=params.overwrite)
         run_logger = tracking.RunLogger(client, run_id)
         try:
             tracking.log_params(client, run_id, {"num_params": state.num_params})
+            if state.skipped_prompts:
+                client.set_tag(run_id, "ada.skipped_long_prompts", str(state.skipped_prompts))
             (out / RUN_INFO).write_text(json.dumps({
                 "label": variant, "preset": params.preset, "seed": params.seed, "num_params": state.num_params,
                 "mlflow_run_id": run_id, "tracking_uri": uri,
             }, indent=2) + "\n")
+            if target is not None:
+                sent = run_logger.send_missing(read_metrics(out))
+                if sent:
+                    logger.info("sent %d metric rows the crash left unsent", sent)
             final = run_steps(state, TASK_STEPS, run_logger.callbacks())
         finally:
             run_logger.flush()
@@ -116,8 +158,47 @@ def train_run(params: TrainParams) -> dict[str, Any]:
                 client, run_id, artifact, name=params.register_as, alias=params.alias,
                 tags={"variant": variant, "preset": params.preset, "seed": params.seed},
             )
-    return {
+    result = {
         "variant": variant, "preset": params.preset, "seed": params.seed, "run_id": run_id, "run_dir": str(out),
         "tracking_uri": uri, "model_artifact": artifact, "registered_version": version, "metrics": final,
         "num_params": state.num_params,
     }
+    (out / resuming.RESULT).write_text(json.dumps(result, indent=2) + "\n")  # last: the run is finished
+    return result
+
+
+def _resume_target(params: TrainParams, uri: str, flow_run_id: str) -> resuming.ResumeTarget | None:
+    """What to continue: `params.resume`, or the MLflow run an earlier attempt of this flow run made."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    if params.resume:
+        target = resuming.resolve(params.resume, client, params.experiment)
+    else:
+        target = resuming.run_of_flow_run(client, params.experiment, flow_run_id)
+    if target is not None and target.run_id is not None:
+        resuming.take_over(client, target.run_id)
+    return target
+
+
+def _setup(run_config: TrainConfig, out: Path, target, client, run_id: str, logger, overwrite: bool = False):
+    """`setup`, resuming from the newest good checkpoint of `target`'s folder when it has one."""
+    if target is None:
+        return setup(run_config, out, overwrite=overwrite)
+    try:
+        state = setup(run_config, out, resume=out)
+    except FileNotFoundError as err:
+        from ada_core.checkpoints import COMPLETE, checkpoint_dirs
+
+        if "no complete checkpoint" not in str(err) or any((p / COMPLETE).is_file() for p in checkpoint_dirs(out)):
+            raise  # every saved checkpoint is damaged: that needs a person, not a silent restart
+        logger.warning("%s; starting %s over from step 0", err, out)
+        _fresh_start(out)
+        return setup(run_config, out)
+    choice = state.resumed_from
+    if choice is not None and choice.rejected:
+        logger.warning("%s", choice.describe())
+        client.set_tag(run_id, "ada.rejected_checkpoints", "; ".join(f"{p.name}: {why}" for p, why in choice.rejected))
+    client.set_tag(run_id, "ada.resumed_from", choice.path.name if choice and choice.path else "")
+    logger.info("resumed %s at step %d", out, state.step)
+    return state

@@ -193,6 +193,19 @@ def ensure_concurrency_limit(home: Path, prefect_url: str, name: str, slots: int
         prefect_cli(["gcl", "update", name, "--limit", str(slots)], env)
 
 
+def reap_dead_runs(home: Path, prefect_url: str, mlflow_url: str) -> None:
+    """Runs whose process died while nothing watched (SIGKILL, OOM) stay RUNNING in MLflow and Prefect:
+    mark them KILLED / Crashed (flows/resume.py). A failure here is reported, not fatal."""
+    env = api_env(home, prefect_url)
+    env["MLFLOW_TRACKING_URI"] = mlflow_url
+    try:
+        result = subprocess.run([sys.executable, "-m", "flows.resume", "reap"], env=env, cwd=REPO,
+                                capture_output=True, text=True, timeout=300)
+        print(f"ui: {result.stdout.strip() or result.stderr.strip()[-500:]}")
+    except (OSError, subprocess.TimeoutExpired) as err:
+        print(f"ui: could not check for dead runs: {err}")
+
+
 def state_file(home: Path) -> Path:
     return home / "ui" / "servers.json"
 
@@ -242,6 +255,7 @@ def start(home: Path) -> dict:
         state["concurrency_limit"] = limit
         state["pids"]["workers"] = start_workers(home, prefect_url, log_dir, workers)
         _write_state(state_path, state)
+        reap_dead_runs(home, prefect_url, mlflow_url)
     except BaseException:
         stop(home)
         raise

@@ -386,8 +386,12 @@ def test_bf16_zero_2_update_on_cpu_and_resume(make_updater, tiny, prompts, tmp_p
     before = _weights(a.module)
     metrics = a.update(_groups(a, tokenizer, prompts, seed=111))
     assert all(math.isfinite(v) for v in metrics.values()) and metrics[K.TRAIN_GRAD_NORM] > 0
-    # bf16 KV-cache sampling vs a bf16 full forward: a small gap, the mismatch these metrics watch for
-    assert 0 < metrics[K.UPDATE_OLD_LOGPROB_GAP_MAX] < 0.1
+    # bf16 KV-cache sampling vs a bf16 full forward: the guard metrics report their gap, which is small.
+    # Whether it is exactly 0 depends on the CPU's bf16 kernels (with avx512_bf16 the two paths can agree
+    # bit for bit), so only its range is asserted; the shifted-behaviour test shows the metric sees a gap.
+    for key in (K.UPDATE_OLD_LOGPROB_GAP_MEAN, K.UPDATE_OLD_LOGPROB_GAP_MAX):
+        assert 0 <= metrics[key] < 0.1, (key, metrics[key])
+    assert metrics[K.UPDATE_OLD_LOGPROB_GAP_MEAN] <= metrics[K.UPDATE_OLD_LOGPROB_GAP_MAX]
     after = _weights(a.module)
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert all(torch.isfinite(v).all() for v in after.values())

@@ -138,7 +138,7 @@ def test_two_workers_train_two_children_at_once(stack):
 
 
 def test_max_parallel_one_trains_one_at_a_time_and_a_failing_child_does_not_sink_the_group(stack, tmp_path):
-    """Two children under `max_parallel=1`, one with a dataset file that does not exist."""
+    """Two children under `max_parallel=1`, one given a model folder that does not exist."""
     from prefect import flow
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
@@ -149,7 +149,7 @@ def test_max_parallel_one_trains_one_at_a_time_and_a_failing_child_does_not_sink
 
     params = CompareParams(**{**GROUP, "max_parallel": 1}, tracking_uri=stack["tracking_uri"],
                            experiment="fanout-failure")
-    missing = tmp_path / "no-such-prompts.jsonl"
+    missing = tmp_path / "no-such-model"
     group = "fanout-failure"
 
     @flow(name="fanout-failure-group")
@@ -159,7 +159,7 @@ def test_max_parallel_one_trains_one_at_a_time_and_a_failing_child_does_not_sink
         with tracking.tracked_run(uri, params.experiment, group) as (client, parent_id):
             good = child_params(params, "grpo", 0, "grpo", uri, parent_id, group_dir)
             bad = child_params(params, "ada-balance", 0, "ada-balance", uri, parent_id, group_dir,
-                               extra_overrides={"data.dataset": str(missing)})
+                               extra_overrides={"model": str(missing)})  # fails in set-up, inside its MLflow run
             results, failures = run_children(params, [good, bad], lambda result: [], group, client, parent_id, uri)
             return finish_group(client, parent_id, "compare", results, group_dir, "fanout-policy", "champion",
                                 label_order=["grpo", "ada-balance"], failures=failures)
@@ -168,7 +168,7 @@ def test_max_parallel_one_trains_one_at_a_time_and_a_failing_child_does_not_sink
     assert [c["variant"] for c in summary["children"]] == ["grpo"], worker_logs(stack)
     (failure,) = summary["failures"]
     assert failure["variant"] == "ada-balance" and failure["state"] == "FAILED"
-    assert "no-such-prompts.jsonl" in failure["message"]
+    assert "no-such-model" in failure["message"]
     assert failure["flow_run_url"] == f"{stack['url']}/runs/flow-run/{failure['flow_run_id']}"
     report = (Path(summary["report_dir"]) / "report.md").read_text()
     assert "Failed children (1)" in report and failure["flow_run_url"] in report and "ada-balance" in report

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from ada_core import metrics as K
 from ada_core.budget import matched_grpo_prompts
 from ada_core.config import ConfigError
+from ada_core.run_dir import RunDirError
 from ada_core.trainer import read_metrics
 from flows import tracking
 from flows.params import CompareParams, EvaluateParams, SweepParams, TrainParams, nest_dotted
@@ -39,7 +40,9 @@ HEADLINE = ["N", "M", "n", "variant", "sampler", "advantage", "model", "dataset_
 @pytest.fixture(scope="module")
 def flows_env(prefect_harness, ada_home):
     patch = pytest.MonkeyPatch()
-    patch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "1")  # short runs still get samples
+    # Short runs still get samples: the monitor publishes only after its first interval, and a warm
+    # 2-step child run can end within a second.
+    patch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
     patch.setenv("TQDM_DISABLE", "1")
     yield MlflowClient(tracking.default_tracking_uri())
     patch.undo()
@@ -270,6 +273,12 @@ def test_invalid_values_fail_before_any_mlflow_run(flows_env, monkeypatch, tmp_p
         compare(CompareParams(variants=["grpo", "ada-balance"], overrides={"optim.lr": -1}, experiment="flows-invalid"))
     with pytest.raises(Exception, match="matched_grpo"):  # Prefect validates the pydantic parameter model
         compare(params={"variants": ["grpo"], "matched_grpo": True, "experiment": "flows-invalid"})
+    used = tmp_path / "used-run"
+    used.mkdir()
+    (used / "metrics.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(RunDirError, match="already holds a run"):
+        train(TrainParams(output_dir=str(used), experiment="flows-invalid"))
+    assert sorted(p.name for p in used.iterdir()) == ["metrics.jsonl"]
     assert flows_env.get_experiment_by_name("flows-invalid") is None
 
 

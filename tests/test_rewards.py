@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 
 import pytest
 
@@ -88,12 +87,11 @@ def test_plain_integers_use_the_in_process_fast_path():
 def test_adversarial_answer_times_out_alone_and_the_verifier_recovers(verifier):
     good = (boxed(r"\frac{1}{2}"), r"\boxed{0.5}")
     items = [good] * 5 + [(boxed("3"), HUGE)] + [good] * 5
-    start = time.monotonic()
     verdicts = verifier.verify(items)
-    elapsed = time.monotonic() - start
+    # HUGE never returns, so its TIMEOUT shows the hard timeout cut it; the rest of its chunk was
+    # requeued and scored. (No wall-time bound: on a loaded machine worker start-up alone can take seconds.)
     assert verdicts[5] == Verdict(0.0, TIMEOUT)
-    assert verdicts[:5] + verdicts[6:] == [Verdict(1.0, OK)] * 10  # the rest of its chunk was requeued
-    assert elapsed < verifier.timeout_s + 10.0
+    assert verdicts[:5] + verdicts[6:] == [Verdict(1.0, OK)] * 10
     # Still works afterwards (the stuck worker was replaced), more than once.
     assert verifier.verify([good, (boxed("2"), r"\boxed{3}")]) == [Verdict(1.0, OK), Verdict(0.0, OK)]
     assert [v.status for v in verifier.verify([(boxed("1"), HUGE)] * 2)] == [TIMEOUT, TIMEOUT]
@@ -148,3 +146,39 @@ def test_workers_that_cannot_start_raise_a_clear_error():
     with MathVerifier(memory_limit_mb=1) as broken:
         with pytest.raises(RuntimeError, match="3 verifier workers in a row exited during start-up"):
             broken.verify([(plain("1/2"), "0.5")])
+
+
+def _last_boxed_by_rescanning(text: str) -> str | None:
+    """The old quadratic extraction, kept here as the reference the linear one must agree with."""
+    import re
+
+    for match in reversed(list(re.finditer(r"\\boxed\s*\{", text))):
+        depth, start = 1, match.end()
+        for i in range(start, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                return text[start:i].strip()
+    return None
+
+
+def test_linear_last_boxed_agrees_with_rescanning():
+    import random
+
+    rng = random.Random(0)
+    pieces = [r"\boxed{", r"\boxed {", "{", "}", "x", "1", " "]
+    for _ in range(2000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 14)))
+        assert last_boxed(text) == _last_boxed_by_rescanning(text), text
+
+
+def test_unclosed_boxed_bomb_scores_zero_and_the_next_call_is_served(verifier):
+    # 16k unclosed \boxed{ (112 KB) took 46 s in the calling process when extraction rescanned from
+    # every box. Past MAX_INLINE_CHARS a completion is extracted in a worker, inside the timeout.
+    bomb = r"\boxed{" * 16_000
+    closed_bomb = bomb + "1" + "}" * 16_000  # the last box is the innermost: \boxed{1}
+    stuck = "x" * 10_000 + HUGE  # a long completion whose check never ends: cut at the timeout
+    verdicts = verifier.verify([(boxed("1"), bomb), (boxed("1"), closed_bomb), (boxed("1"), stuck)])
+    assert [(v.reward, v.status) for v in verdicts] == [(0.0, PARSE_ERROR), (1.0, OK), (0.0, TIMEOUT)]
+    long_right = "x" * 10_000 + r" so \boxed{\frac{1}{2}}"  # the next call is served normally
+    assert [(v.reward, v.status) for v in verifier.verify([(boxed("0.5"), long_right), (boxed("3"), r"\boxed{3}")])] \
+        == [(1.0, OK), (1.0, OK)]

@@ -1,0 +1,167 @@
+"""Checkpoints you can trust: a sha256 manifest, verification on load, fallback and pruning.
+
+A checkpoint folder `checkpoints/step_N/` is written in a temporary folder and renamed into place
+(ada_core.trainer.save_checkpoint). Inside it, `MANIFEST.json` lists every file's size and sha256
+and is written before the `COMPLETE` marker, so a folder with `COMPLETE` always has a manifest.
+On resume, `latest_good_checkpoint` walks the checkpoints newest first and takes the first whose
+files all match their manifest; each one it passes over is reported by name with the reason
+(a flipped byte, a truncated file, a missing file). A flipped byte in `model.safetensors` loads
+without complaint and trains on NaNs, hence the hash rather than a size check.
+
+The per-step files a resume trims (`metrics.jsonl`, `generations.jsonl`) are read with
+`read_jsonl`, which drops the torn last line a kill can leave.
+
+Cost: one extra read of the checkpoint's bytes when saving and one when resuming
+(docs/BENCHMARKS.md, Reliability).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "MANIFEST.json"
+COMPLETE = "COMPLETE"
+_CHUNK = 1 << 22  # 4 MiB reads: hashing runs at disk speed without holding a file in memory
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(_CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in (MANIFEST, COMPLETE))
+
+
+def write_manifest(folder: Path) -> dict[str, dict[str, int | str]]:
+    """Hash every file under `folder` into `folder/MANIFEST.json`; returns the entries."""
+    entries = {p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+               for p in _files(folder)}
+    (folder / MANIFEST).write_text(json.dumps({"version": 1, "files": entries}, indent=1) + "\n")
+    return entries
+
+
+def mark_complete(folder: Path) -> None:
+    """Manifest first, then the marker: a folder with `COMPLETE` always has a manifest to check."""
+    write_manifest(folder)
+    (folder / COMPLETE).write_text("ok\n")
+
+
+def verify_checkpoint(folder: Path) -> str | None:
+    """None when the checkpoint is whole, else why not, naming the file (`model.safetensors: sha256 ...`)."""
+    if not (folder / COMPLETE).is_file():
+        return "no COMPLETE marker (the save did not finish)"
+    if not (folder / MANIFEST).exists():
+        # Written before manifests existed: nothing to check against, so it is used as it is.
+        log.warning("checkpoint %s has no %s (an older save); its files cannot be checked", folder, MANIFEST)
+        return None
+    try:
+        entries = json.loads((folder / MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"{MANIFEST} cannot be read ({err})"
+    for name, entry in entries.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name}: missing"
+        size = path.stat().st_size
+        if size != entry["bytes"]:
+            return f"{name}: {size} bytes, the manifest says {entry['bytes']} (truncated or overwritten)"
+        if sha256_file(path) != entry["sha256"]:
+            return f"{name}: sha256 does not match the manifest (corrupted bytes)"
+    return None
+
+
+@dataclass
+class CheckpointChoice:
+    """The checkpoint a resume uses, and every newer one it passed over with the reason."""
+
+    path: Path | None
+    rejected: list[tuple[Path, str]] = field(default_factory=list)
+
+    def describe(self) -> str:
+        lines = [f"checkpoint {p.name} rejected: {why}" for p, why in self.rejected]
+        lines.append(f"resuming from {self.path.name}" if self.path else "no good checkpoint left")
+        return "; ".join(lines)
+
+
+def checkpoint_dirs(run_dir: Path) -> list[Path]:
+    """Every `step_N` folder (complete or not), oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    return sorted(p for p in root.glob("step_*") if p.is_dir()) if root.is_dir() else []
+
+
+def latest_good_checkpoint(run_dir: Path) -> CheckpointChoice:
+    """The newest checkpoint that passes `verify_checkpoint`; newer failing ones are logged and listed."""
+    choice = CheckpointChoice(path=None)
+    for folder in reversed(checkpoint_dirs(run_dir)):
+        problem = verify_checkpoint(folder)
+        if problem is None:
+            choice.path = folder
+            break
+        if (folder / COMPLETE).is_file():  # a half-written save is normal after a crash; a bad one is news
+            log.warning("checkpoint %s is damaged and will not be used: %s", folder, problem)
+        choice.rejected.append((folder, problem))
+    return choice
+
+
+def prune_checkpoints(run_dir: Path, keep_last: int, newest_good: Path) -> list[Path]:
+    """Delete all but the `keep_last` newest checkpoints, never `newest_good`; 0 keeps every one.
+
+    Leftovers of interrupted saves (`.tmp_step_*`) older than `newest_good` go too. Returns what was removed.
+    """
+    if keep_last <= 0:
+        return []
+    folders = checkpoint_dirs(run_dir)
+    keep = set(folders[-keep_last:]) | {newest_good}
+    removed = [p for p in folders if p not in keep and p.name < newest_good.name]
+    removed += [p for p in (Path(run_dir) / "checkpoints").glob(".tmp_step_*")
+                if p.name.removeprefix(".tmp_") < newest_good.name]
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return removed
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-step jsonl files (metrics.jsonl, generations.jsonl) after a crash
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Rows of a jsonl file a killed process may have written: a torn last line is dropped (logged);
+    a bad line before the last is an error naming the file and line."""
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    rows = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if n == len(lines):
+                log.warning("%s: dropping a torn last line %d (%s)", path, n, err.msg)
+                continue
+            raise ValueError(f"{path}: line {n}: not valid JSON ({err.msg})") from None
+    return rows
+
+
+def trim_jsonl(source: Path, target: Path, step: int) -> None:
+    """Carry `source`'s rows up to `step` into `target` (the same file when resuming in place), dropping
+    rows logged after the checkpoint and a torn last line; written to a temp file, then renamed."""
+    if not source.exists():
+        return
+    rows = [row for row in read_jsonl(source) if row["step"] <= step]
+    tmp = target.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    tmp.replace(target)
