@@ -1,8 +1,9 @@
 """`compare` flow: GRPO against Ada-pos and Ada-balance (and the budgeted `ada-est`, `ada-budget`) over
 seeds and data regimes, plus a matched-budget GRPO control.
 
-Per seed, each variant trains as a `train` subflow and an MLflow child run of one parent. The
-matched control is GRPO with `prompts_per_step = matched_grpo_prompts(mean samples per step of
+Per seed, each variant trains as a `train` run (a subflow, or a run of the `train` deployment on a
+worker with `children: deployments`) and an MLflow child run of one parent. The matched control,
+started as soon as its seed's Ada-balance run has finished, is GRPO with `prompts_per_step = matched_grpo_prompts(mean samples per step of
 that seed's Ada-balance run, n)`, so both generate about the same samples a step (DESIGN.md
 section 2: per-step curves flatter the sampler that spends more). The report plots every run
 against steps, samples, trained tokens, wall time and FLOPs, and gives every variant's paired
@@ -24,9 +25,9 @@ from prefect import flow, get_run_logger
 from ada_core import metrics as K
 from ada_core.budget import matched_grpo_prompts
 from ada_core.trainer import read_metrics
-from flows import tracking
-from flows.group import child_params, finish_group, group_folder, group_tags, log_group_params, run_child
-from flows.params import CompareParams
+from flows import fanout, tracking
+from flows.group import child_params, finish_group, group_folder, group_tags, log_group_params, run_children
+from flows.params import CompareParams, TrainParams
 from flows.runtime import set_torch_threads
 from flows.train import prepare_data
 
@@ -98,29 +99,37 @@ def compare(params: CompareParams = CompareParams()) -> dict[str, Any]:
             train_prompts = first.data.train_size
         if "fresh" in params.regimes:
             check_fresh(params, first, train_prompts)
-        results = []
-        for regime in params.regimes:
-            extra = regime_overrides(params, regime)
-            for seed in params.seeds:
-                for preset in order:
-                    label = regime_label(regime, preset)
-                    child = child_params(params, preset, seed, label, uri, parent_id, group_dir, extra_overrides=extra)
-                    results.append(run_child(child))
-                    if preset == REFERENCE and params.matched_grpo:
-                        samples = mean_samples_per_step(results[-1]["run_dir"])
-                        n = params.build("grpo", seed).sampler.n
-                        prompts = matched_grpo_prompts(samples, n)
-                        matched = regime_label(regime, MATCHED_LABEL)
-                        logger.info("%s seed %s: %s drew %.1f samples/step -> %s with %d prompts/step",
-                                    regime, seed, REFERENCE, samples, matched, prompts)
-                        child = child_params(params, "grpo", seed, matched, uri, parent_id, group_dir,
-                                             extra_overrides=extra, prompts_per_step=prompts)
-                        results.append(run_child(child))
-                        key = f"matched_prompts_per_step_s{seed}" if regime == "default" else \
-                            f"matched_prompts_per_step_{regime}_s{seed}"
-                        client.log_param(parent_id, key, prompts)
+        children = [child_params(params, preset, seed, regime_label(regime, preset), uri, parent_id, group_dir,
+                                 extra_overrides=regime_overrides(params, regime))
+                    for regime in params.regimes for seed in params.seeds for preset in order]
+        reference_regime = {regime_label(regime, REFERENCE): regime for regime in params.regimes}
+
+        def control(regime: str, seed: int, prompts: int | None = None) -> TrainParams:
+            return child_params(params, "grpo", seed, regime_label(regime, MATCHED_LABEL), uri, parent_id, group_dir,
+                                extra_overrides=regime_overrides(params, regime), prompts_per_step=prompts)
+
+        def matched_control(result: dict[str, Any]) -> list[TrainParams]:
+            """GRPO sized to the samples per step that this seed's Ada-balance run drew: it starts once that run ends."""
+            regime = reference_regime.get(result["variant"])
+            if regime is None or not params.matched_grpo:
+                return []
+            seed = result["seed"]
+            samples = mean_samples_per_step(result["run_dir"])
+            prompts = matched_grpo_prompts(samples, params.build("grpo", seed).sampler.n)
+            logger.info("%s seed %s: %s drew %.1f samples/step -> %s with %d prompts/step",
+                        regime, seed, REFERENCE, samples, MATCHED_LABEL, prompts)
+            key = f"matched_prompts_per_step_s{seed}" if regime == "default" else \
+                f"matched_prompts_per_step_{regime}_s{seed}"
+            client.log_param(parent_id, key, prompts)
+            return [control(regime, seed, prompts)]
+
+        results, failures = run_children(params, children, matched_control, group, client, parent_id, uri)
+        if params.matched_grpo:  # a control with no reference never ran: say so next to its reference
+            for failed in [f for f in failures if f["variant"] in reference_regime]:
+                missing = control(reference_regime[failed["variant"]], failed["seed"])
+                failures.append(fanout.failure_record(missing, None, "NOT_RUN", f"its reference {failed['run_name']} failed"))
         labels = [regime_label(r, v) for r in params.regimes for v in [*params.variants, MATCHED_LABEL]]
         summary = finish_group(client, parent_id, "compare", results, group_dir, params.register_as, params.alias,
-                               label_order=labels, reference=params.reference)
+                               label_order=labels, reference=params.reference, failures=failures)
     summary["tracking_uri"] = uri
     return summary

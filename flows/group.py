@@ -1,12 +1,19 @@
-"""What `compare` and `sweep` share: one MLflow parent run, one `train` subflow per variant x seed,
+"""What `compare` and `sweep` share: one MLflow parent run, one `train` run per variant x seed,
 then the report and the registration of the best policy.
 
-Each child is a `train` subflow run (its own task runs in the Prefect UI) and an MLflow child run
-(`mlflow.parentRunId` = the parent). The report is written from the children's run directories,
-logged on the parent under `report/`, and published as a Prefect markdown artifact.
+Each child is a `train` flow run (its own task runs in the Prefect UI, a sub-run of the parent) and
+an MLflow child run (`mlflow.parentRunId` = the parent). `children: inline` runs them as subflows in
+this process, one after another; `children: deployments` submits them all to the `train` deployment
+(flows/fanout.py). The report is written from the children's run directories, logged on the parent
+under `report/`, and published as a Prefect markdown artifact.
 
-A group with `resume` reopens its folder and parent run; each child then runs through `run_child`,
-which skips a child that finished (its result.json) and resumes one that started.
+A child that fails does not sink the group: the others run, and the report, the artifact and the
+summary name it with a link to its flow run. The parent ends Failed only when no child succeeded.
+A matched control whose reference failed is reported as not run.
+
+A group with `resume` reopens its folder and parent run; each child is then planned by
+`plan_child`, in either mode: a child that finished (its result.json) is skipped, one that started
+resumes.
 """
 
 from __future__ import annotations
@@ -22,9 +29,9 @@ from prefect.artifacts import create_markdown_artifact
 
 from ada_core import metrics as K
 from ada_core.paths import runs_dir
-from flows import links, tracking
+from flows import fanout, links, tracking
 from flows import resume as resuming
-from flows.params import RunSettings, TrainParams, flatten_dotted
+from flows.params import GroupSettings, RunSettings, TrainParams, flatten_dotted
 from flows.report import load_run, write_report
 from flows.runtime import run_stamp
 from flows.train import train
@@ -45,11 +52,42 @@ def child_params(settings: RunSettings, preset: str, seed: int, label: str, trac
     )
 
 
-def run_child(params: TrainParams) -> dict[str, Any]:
-    params, done = plan_child(params)
-    if done is not None:
-        return done
-    return train.with_options(flow_run_name=params.run_name)(params)
+def run_inline(children: list[TrainParams], follow_up: fanout.FollowUp) -> tuple[list[dict], list[dict]]:
+    """Each child as a `train` subflow, in order; a child's follow-ups run right after it."""
+    results, failures, queue = [], [], list(children)
+    while queue:
+        child, done = plan_child(queue.pop(0))
+        if done is not None:
+            results.append(done)
+            queue[0:0] = follow_up(done)
+            continue
+        state = train.with_options(flow_run_name=child.run_name)(child, return_state=True)
+        flow_run_id = state.state_details.flow_run_id
+        if state.is_completed():
+            results.append({**state.result(), "flow_run_id": str(flow_run_id)})
+            queue[0:0] = follow_up(results[-1])
+        else:
+            get_run_logger().warning("%s ended %s: %s", child.run_name, state.type.value, state.message)
+            failures.append(fanout.failure_record(child, flow_run_id, state.type.value, state.message or ""))
+    return results, failures
+
+
+def run_children(
+    params: GroupSettings, children: list[TrainParams], follow_up: fanout.FollowUp, group: str,
+    client: MlflowClient, parent_run_id: str, tracking_uri: str,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Run the group's children the way `params.children` says; (results, failures).
+
+    `follow_up(result)` returns children that may start only once that one has finished (the
+    matched GRPO control after its seed's Ada-balance run).
+    """
+    if params.children == "inline":
+        return run_inline(children, follow_up)
+    if tracking_uri.startswith("sqlite:"):
+        get_run_logger().warning("children on workers all write the SQLite store %s; the `make ui` MLflow server "
+                                 "or PostgreSQL takes concurrent writers better", tracking_uri)
+    experiment_id = client.get_run(parent_run_id).info.experiment_id
+    return fanout.run_deployments(children, follow_up, params, group, client, experiment_id, tracking_uri, plan_child)
 
 
 def plan_child(params: TrainParams) -> tuple[TrainParams, dict[str, Any] | None]:
@@ -91,18 +129,46 @@ def best_result(results: list[dict[str, Any]]) -> dict[str, Any] | None:
     return max(scored, key=lambda r: r["metrics"][K.EVAL_AVG_AT_K]) if scored else None
 
 
+def failures_markdown(failures: list[dict[str, Any]]) -> str:
+    """The report's section on children that did not finish; empty when none failed."""
+    if not failures:
+        return ""
+    lines = [f"## Failed children ({len(failures)})", ""]
+    for f in failures:
+        where = f"[flow run {f['flow_run_id']}]({f['flow_run_url']})" if f.get("flow_run_url") else (
+            f"flow run `{f['flow_run_id']}`" if f.get("flow_run_id") else "no flow run")
+        message = " ".join(str(f["message"]).split())[:300]
+        lines.append(f"- `{f['variant']}` seed {f['seed']}: **{f['state']}**, {where}: {message}")
+    return "\n".join(lines) + "\n"
+
+
 def finish_group(
     client: MlflowClient, parent_run_id: str, kind: str, results: list[dict[str, Any]], group_dir: Path,
     register_as: str, alias: str, label_order: list[str], reference: str | None = None,
+    failures: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Report (MLflow artifacts + Prefect markdown artifact) and best-policy registration.
 
-    `label_order` sets the order of rows and legend entries (runs then sort by seed).
+    `label_order` sets the order of rows and legend entries (runs then sort by seed). `failures`
+    (from `run_children`) are named in the report; with no result at all, the artifact lists them
+    and this raises, so the parent's flow run and MLflow run end Failed.
     """
     logger = get_run_logger()
+    failures = failures or []
+    failed = failures_markdown(failures)
+    if failures:
+        client.set_tag(parent_run_id, "ada.failed_children", str(len(failures)))
+    if not results:
+        create_markdown_artifact(markdown=f"# {kind}: {group_dir.name}\n\nNo child finished.\n\n{failed}",
+                                 key=f"{kind}-report", description=f"{kind} report: every child failed")
+        raise RuntimeError(f"{kind} {group_dir.name}: no child succeeded; " + "; ".join(
+            f"{f['variant']}-s{f['seed']} {f['state']} (flow run {f['flow_run_id']}): {f['message']}" for f in failures))
     results = sorted(results, key=lambda r: (label_order.index(r["variant"]), r["seed"]))
     runs = [load_run(r["run_dir"], label=r["variant"], seed=r["seed"]) for r in results]
     report = write_report(runs, group_dir / "report", title=f"{kind}: {group_dir.name}", reference=reference)
+    if failed:  # the report itself names what is missing from its table
+        report_md = report.directory / "report.md"
+        report_md.write_text(f"{report_md.read_text().rstrip()}\n\n{failed}")
     client.log_artifacts(parent_run_id, str(report.directory), artifact_path="report")
 
     best = best_result(results)
@@ -130,13 +196,15 @@ def finish_group(
     create_markdown_artifact(
         markdown=f"{report.summary}\n\n{model_line}\n\nMLflow parent run {parent}, report files in "
                  f"`{report.directory}` and on the parent run under `report/`.\n\n## Children\n\n{children}\n\n"
-                 f"## Plots\n\n{plots}\n",
+                 f"## Plots\n\n{plots}\n\n{failed}",
         key=f"{kind}-report",
         description=f"{kind} report: final metrics (mean ± std over seeds) and plots",
     )
     summary = {
         "parent_run_id": parent_run_id, "report_dir": str(report.directory), "registered": registered,
-        "children": [{k: r[k] for k in ("variant", "preset", "seed", "run_id", "run_dir")} for r in results],
+        "children": [{k: r.get(k) for k in ("variant", "preset", "seed", "run_id", "run_dir", "flow_run_id")}
+                     for r in results],
+        "failures": failures,
     }
     (group_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

@@ -6,7 +6,7 @@ any model, dataset or MLflow run exists, with an error that names the field (`sa
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -15,6 +15,8 @@ from ada_core.config import PRESETS, ConfigError, TrainConfig, build_config
 Preset = Literal["grpo", "dapo", "ada-pos", "ada-balance", "ada-est", "ada-budget"]
 Profile = Literal["tiny", "smollm2-135m", "paper"]
 Engine = Literal["transformers", "vllm"]
+# Prefect refuses these characters in a concurrency limit's name.
+LimitName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[^/%&><]+$")]
 
 def nest_dotted(flat: dict[str, Any]) -> dict[str, Any]:
     """`{"sampler.M": 8, "optim": {"lr": 1e-4}}` -> `{"sampler": {"M": 8}, "optim": {"lr": 1e-4}}`."""
@@ -106,12 +108,45 @@ class TrainParams(RunSettings):
         None, description="Continue a crashed or stopped run: its run folder or MLflow run id. Same folder, same "
         "MLflow run, from its newest good checkpoint (output_dir is ignored). Give the run's other values unchanged.",
     )
+    concurrency_limits: list[LimitName] = Field(
+        default_factory=list,
+        description="Prefect global concurrency limits this run holds one slot of from before its MLflow run "
+        "starts until it ends (set by compare and sweep with children='deployments'); each must exist.",
+    )
 
     def config(self) -> TrainConfig:
         return self.build(self.preset, self.seed)
 
 
-class CompareParams(RunSettings):
+class GroupSettings(RunSettings):
+    """How a group (compare, sweep) runs its children; see flows/fanout.py."""
+
+    children: Literal["inline", "deployments"] = Field(
+        "inline",
+        description="inline: each child is a `train` subflow in this process, one after another (the embedded "
+        "default: no server or worker needed). deployments: every child is a run of the `train` deployment, "
+        "submitted at once and picked up by workers on its work pool (`make ui`); how many train together is "
+        "bounded by `concurrency_limit` and `max_parallel`.",
+    )
+    max_parallel: int | None = Field(
+        None, ge=1,
+        description="deployments: at most this many of this group's children train at once (a concurrency limit "
+        "of the group's own, created for it and deleted after); empty = bounded by `concurrency_limit` and the "
+        "workers only. Inline children always run one at a time.",
+    )
+    concurrency_limit: LimitName | None = Field(
+        "ada-train",
+        description="deployments: the Prefect global concurrency limit every child holds a slot of while it "
+        "trains, shared by all groups (its size = runs training at once; `make ui` creates it with "
+        "$ADA_TRAIN_SLOTS slots, default $ADA_WORKERS). Must exist; empty = none.",
+    )
+    deployment: str = Field(
+        "train/train", min_length=3, description="deployments: the `<flow>/<deployment>` each child runs as."
+    )
+    poll_s: float = Field(2.0, gt=0, le=60, description="deployments: seconds between checks of the children's states.")
+
+
+class CompareParams(GroupSettings):
     """GRPO against Ada variants over seeds, plus an optional matched-budget GRPO control."""
 
     variants: list[Preset] = Field(
@@ -150,7 +185,7 @@ class CompareParams(RunSettings):
         return self
 
 
-class SweepParams(RunSettings):
+class SweepParams(GroupSettings):
     """A grid over N, M, n, variant and seed; GRPO-type variants vary only n."""
 
     variants: list[Preset] = Field(default_factory=lambda: ["ada-balance"], min_length=1, description="Presets.")

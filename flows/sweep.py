@@ -1,7 +1,7 @@
 """`sweep` flow: a grid over N, M, n, variant and seed under one MLflow parent run.
 
 Fixed-size samplers (grpo, dapo) have no rounds, so they vary only n. prefect.yaml schedules it
-weekly; from Python:
+weekly with `children: deployments`, so the grid spreads over the workers; from Python:
 
     sweep(SweepParams(variants=["ada-balance", "grpo"], N=[2, 4], M=[4], n=[4], seeds=[0, 1], steps=20))
 """
@@ -13,7 +13,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from flows import tracking
-from flows.group import child_params, finish_group, group_folder, group_tags, log_group_params, run_child
+from flows.group import child_params, finish_group, group_folder, group_tags, log_group_params, run_children
 from flows.params import SweepParams
 from flows.runtime import set_torch_threads
 from flows.train import prepare_data
@@ -40,12 +40,10 @@ def sweep(params: SweepParams = SweepParams()) -> dict[str, Any]:
                          seeds=params.seeds, grid=[label for _, label, _ in grid], run_dir=str(group_dir))
         if params.curate:
             prepare_data(configs[0], True, params.curation_seed)
-        results = []
-        for seed in params.seeds:
-            for preset, label, extra in grid:
-                child = child_params(params, preset, seed, label, uri, parent_id, group_dir, extra_overrides=extra)
-                results.append(run_child(child))
+        children = [child_params(params, preset, seed, label, uri, parent_id, group_dir, extra_overrides=extra)
+                    for seed in params.seeds for preset, label, extra in grid]
+        results, failures = run_children(params, children, lambda result: [], group, client, parent_id, uri)
         summary = finish_group(client, parent_id, "sweep", results, group_dir, params.register_as, params.alias,
-                               label_order=[label for _, label, _ in grid])
+                               label_order=[label for _, label, _ in grid], failures=failures)
     summary["tracking_uri"] = uri
     return summary

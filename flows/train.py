@@ -15,10 +15,14 @@ checkpoint; MLflow gets each step's row once (tracking.RunLogger says how).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.client.schemas.objects import ConcurrencyLeaseHolder
+from prefect.concurrency.sync import concurrency
 from prefect.runtime import flow_run
 
 from ada_core.config import TrainConfig
@@ -86,7 +90,32 @@ def train(params: TrainParams = TrainParams()) -> dict[str, Any]:
     """Train one variant and log it to MLflow; returns its run id, run directory and final metrics.
 
     With `params.resume` (or when Prefect retries this flow run) it continues that run instead."""
-    config = params.config()  # first: an invalid value raises ConfigError naming the field
+    params.config()  # first: an invalid value raises ConfigError naming the field, before any wait for a slot
+    with training_slots(params.concurrency_limits):
+        return train_run(params)
+
+
+@contextmanager
+def training_slots(names: list[str]) -> Iterator[None]:
+    """Hold one slot of each Prefect global concurrency limit in `names` (none: no wait) for the whole run.
+
+    strict: a limit that does not exist is an error, not a silent pass. A lease renewal that fails
+    (a server hiccup) does not stop training; the slot is freed when the lease runs out instead.
+    """
+    if not names:
+        yield
+        return
+    logger = get_run_logger()
+    logger.info("waiting for a slot of %s", ", ".join(names))
+    run_id = flow_run.get_id()
+    holder = ConcurrencyLeaseHolder(type="flow_run", id=run_id) if run_id else None
+    with concurrency(names, occupy=1, strict=True, holder=holder, raise_on_lease_renewal_failure=False):
+        logger.info("holding a slot of %s", ", ".join(names))
+        yield
+
+
+def train_run(params: TrainParams) -> dict[str, Any]:
+    config = params.config()
     logger = get_run_logger()
     set_torch_threads()
     quiet_task_run_logs()

@@ -1,6 +1,8 @@
 # The platform's entry points; the Makefile includes this after defining PY, VENV and STAMP.
 #   make demo     GRPO vs Ada-balance on the tiny model, embedded (SQLite MLflow, ephemeral Prefect)
-#   make ui       Prefect + MLflow servers on 127.0.0.1, deployments from prefect.yaml, a worker
+#   make ui       Prefect + MLflow servers on 127.0.0.1, deployments from prefect.yaml, the ada-train
+#                 concurrency limit, ADA_WORKERS (1) workers with --limit 1 (ADA_WORKER_GPUS=0,1,.. pins
+#                 one per GPU) and a worker for compare/sweep parents
 #   make ui-stop  stop what `make ui` started
 .PHONY: demo ui ui-stop ui-status
 

@@ -1,4 +1,4 @@
-"""`make ui`: a local Prefect server + MLflow server + process worker, all on 127.0.0.1.
+"""`make ui`: a local Prefect server + MLflow server + process workers, all on 127.0.0.1.
 
     python infra/ui.py start    # servers, work pool, `prefect deploy --all`, worker; prints the URLs
     python infra/ui.py status
@@ -14,6 +14,13 @@ The Prefect UI is a page that calls the API from the browser at the URL its /ui-
 Prefect derives that URL from PREFECT_SERVER_API_PORT, not from `--port`, so a server started on
 another port would serve a UI that calls 4200; the server here gets PREFECT_UI_API_URL (and the
 host/port settings) for its own port. `status` checks each piece answers and says what is wrong.
+
+Workers (flows/fanout.py runs a group's children on them): $ADA_WORKERS process workers (default 1;
+with $ADA_WORKER_GPUS="0,1,..." one per listed GPU, each with that CUDA_VISIBLE_DEVICES) on the
+`default` queue of the `ada-process` pool, each `--limit 1`: they run train, evaluate and curate.
+One more worker on the `groups` queue runs compare and sweep parents, which mostly wait for their
+children, so a parent never takes the slot its children need. The global concurrency limit
+$ADA_CONCURRENCY_LIMIT (`ada-train`) gets $ADA_TRAIN_SLOTS slots (default: the number of workers).
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 WORK_POOL = "ada-process"
+TRAIN_QUEUE = "default"  # train, evaluate, curate: one run per worker
+GROUP_QUEUE = "groups"  # compare, sweep: parents that wait for their children
 BIN = Path(sys.executable).parent  # the venv's prefect and mlflow scripts sit next to its python
 
 
@@ -160,10 +169,50 @@ def deploy(home: Path, prefect_url: str, names: list[str] | None = None) -> None
     prefect_cli(["deploy", *targets], env)
 
 
-def start_worker(home: Path, prefect_url: str, log_dir: Path) -> subprocess.Popen:
+def worker_gpus() -> list[str]:
+    """$ADA_WORKER_GPUS as a list of CUDA device ids ("0,1,2" -> ["0", "1", "2"]); empty when unset."""
+    return [gpu.strip() for gpu in os.environ.get("ADA_WORKER_GPUS", "").split(",") if gpu.strip()]
+
+
+def worker_count() -> int:
+    count = int(os.environ.get("ADA_WORKERS") or len(worker_gpus()) or 1)
+    if count < 1:
+        raise SystemExit(f"ADA_WORKERS must be >= 1, got {count}")
+    return count
+
+
+def start_worker(home: Path, prefect_url: str, log_dir: Path, queue: str = TRAIN_QUEUE, name: str = "ada-worker-0",
+                 limit: int | None = 1, gpu: str | None = None) -> subprocess.Popen:
+    """One process worker on `queue` of the pool; `limit` flow runs at a time; `gpu` its CUDA_VISIBLE_DEVICES."""
     env = api_env(home, prefect_url)
-    return spawn([str(BIN / "prefect"), "worker", "start", "--pool", WORK_POOL, "--type", "process",
-                  "--install-policy", "never"], env, log_dir / "worker.log")
+    # Prefect's default 10 s poll adds up to 10 s before each child starts (and again before a
+    # matched control); 2 s costs the server one cheap query per worker every 2 s.
+    env.setdefault("PREFECT_WORKER_QUERY_SECONDS", "2")
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    args = [str(BIN / "prefect"), "worker", "start", "--pool", WORK_POOL, "--type", "process", "--work-queue", queue,
+            "--name", name, "--install-policy", "never"]
+    if limit is not None:
+        args += ["--limit", str(limit)]
+    return spawn(args, env, log_dir / f"{name}.log")
+
+
+def start_workers(home: Path, prefect_url: str, log_dir: Path, count: int) -> list[int]:
+    """`count` training workers with `--limit 1` (one per GPU of $ADA_WORKER_GPUS) and the group worker."""
+    gpus = worker_gpus()
+    pids = [start_worker(home, prefect_url, log_dir, TRAIN_QUEUE, f"ada-worker-{i}", 1,
+                         gpus[i % len(gpus)] if gpus else None).pid for i in range(count)]
+    pids.append(start_worker(home, prefect_url, log_dir, GROUP_QUEUE, "ada-groups", None).pid)
+    return pids
+
+
+def ensure_concurrency_limit(home: Path, prefect_url: str, name: str, slots: int) -> None:
+    """The global concurrency limit `name` with `slots` slots, created or resized."""
+    env = api_env(home, prefect_url)
+    try:
+        prefect_cli(["gcl", "create", name, "--limit", str(slots)], env)
+    except RuntimeError:  # it exists (a server restarted on its old database): set its size
+        prefect_cli(["gcl", "update", name, "--limit", str(slots)], env)
 
 
 def reap_dead_runs(home: Path, prefect_url: str, mlflow_url: str) -> None:
@@ -248,12 +297,16 @@ def check(state: dict) -> list[tuple[str, bool, str]]:
             results.append(("MLflow", False, f"{mlflow_url}/health does not answer ({err}); see ui/mlflow-server.log"))
     else:
         results.append(("MLflow", False, "servers.json names no MLflow server"))
-    worker = state.get("pids", {}).get("worker")
-    if worker and _pid_alive(int(worker)):
-        results.append(("worker", True, f"pid {worker} polls work pool '{WORK_POOL}'"))
+    workers = [int(pid) for pid in state.get("pids", {}).get("workers") or []]
+    alive = [pid for pid in workers if _pid_alive(pid)]
+    if workers and alive == workers:
+        results.append(("worker", True, f"{len(workers)} workers (pids {', '.join(map(str, workers))}) poll work "
+                                        f"pool '{WORK_POOL}'"))
     else:
-        results.append(("worker", False, f"no live worker (pid {worker}); deployments will stay Scheduled; "
-                                         "see ui/worker.log, restart with make ui"))
+        dead = sorted(set(workers) - set(alive))
+        results.append(("worker", False, f"{'workers ' + ', '.join(map(str, dead)) + ' are' if dead else 'no worker is'} "
+                                         "not running; deployments will stay Scheduled; see ui/ada-worker-*.log "
+                                         "and ui/ada-groups.log, restart with make ui"))
     return results
 
 
@@ -290,7 +343,11 @@ def start(home: Path) -> dict:
         state["pids"]["mlflow_server"] = mlflow_proc.pid
         _write_state(state_path, state)
         deploy(home, prefect_url)
-        state["pids"]["worker"] = start_worker(home, prefect_url, log_dir).pid
+        workers = worker_count()
+        limit = os.environ.get("ADA_CONCURRENCY_LIMIT", "ada-train")
+        ensure_concurrency_limit(home, prefect_url, limit, int(os.environ.get("ADA_TRAIN_SLOTS") or workers))
+        state["concurrency_limit"] = limit
+        state["pids"]["workers"] = start_workers(home, prefect_url, log_dir, workers)
         _write_state(state_path, state)
         reap_dead_runs(home, prefect_url, mlflow_url)
     except BaseException:
@@ -305,11 +362,12 @@ def stop(home: Path) -> None:
         print("ui: nothing running (no servers.json)")
         return
     state = json.loads(path.read_text())
-    for name in ("worker", "mlflow_server", "prefect_server"):  # worker first: it talks to both
-        pid = state.get("pids", {}).get(name)
-        if pid:
-            stop_pid(int(pid))
-            print(f"ui: stopped {name} (pid {pid})")
+    pids = state.get("pids", {})
+    for name in ("workers", "worker", "mlflow_server", "prefect_server"):  # workers first: they talk to both
+        for pid in (pids.get(name) or []) if name == "workers" else [pids.get(name)]:
+            if pid:
+                stop_pid(int(pid))
+                print(f"ui: stopped {name} (pid {pid})")
     path.unlink()
 
 
@@ -335,7 +393,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{'ok     ' if ok else 'PROBLEM'} {what:<12} {detail}")
     print(f"""
 Prefect UI : {state['prefect_url']}     (deployments: train, compare, evaluate, curate, sweep;
-                                          work pool '{WORK_POOL}', worker running)
+                                          work pool '{WORK_POOL}': {len(state['pids']['workers']) - 1} worker(s)
+                                          with --limit 1, one for compare/sweep parents;
+                                          concurrency limit '{state['concurrency_limit']}')
 MLflow UI  : {state['mlflow_url']}     (store {home / 'mlflow.db'}, artifacts {home / 'mlartifacts'})
 Logs       : {home / 'ui'}
 Trigger a run from the Prefect UI (Deployments -> compare -> Run), or:

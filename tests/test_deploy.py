@@ -43,6 +43,12 @@ def test_ui_serves_deployments_and_a_worker_runs_a_triggered_flow(ui_stack):
             assert deployments["train/train"].pull_steps == [
                 {"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}
             ]
+            # Group parents fan their children out (the weekly sweep included), from their own queue.
+            for name in ("compare/compare", "sweep/sweep"):
+                assert deployments[name].parameters == {"params": {"children": "deployments"}}
+                assert deployments[name].work_queue_name == "groups"
+            assert deployments["train/train"].work_queue_name == "default"
+            assert client.read_global_concurrency_limit_by_name("ada-train").limit == 1  # ADA_WORKERS=1
 
             # The server checks parameters against the flow's pydantic schema before any run exists.
             with pytest.raises(Exception, match="(?i)valid|schema|steps"):
@@ -57,8 +63,16 @@ def test_ui_serves_deployments_and_a_worker_runs_a_triggered_flow(ui_stack):
                     break
                 time.sleep(3)
             else:
-                pytest.fail(f"flow run {run.id} not finished in 480 s; worker log:\n{(home / 'ui' / 'worker.log').read_text()[-3000:]}")
-            assert flow_run.state.type.value == "COMPLETED", (home / "ui" / "worker.log").read_text()[-3000:]
+                pytest.fail(f"flow run {run.id} not finished in 480 s; worker log:\n{(home / 'ui' / 'ada-worker-0.log').read_text()[-3000:]}")
+            assert flow_run.state.type.value == "COMPLETED", (home / "ui" / "ada-worker-0.log").read_text()[-3000:]
+            # One training worker (ADA_WORKERS=1) and the group parents' worker, both polling by now.
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                workers = {w.name for w in client.read_workers_for_work_pool("ada-process")}
+                if workers == {"ada-worker-0", "ada-groups"}:
+                    break
+                time.sleep(2)
+            assert workers == {"ada-worker-0", "ada-groups"}
 
     # The flow logged to the UI's MLflow server (servers.json), over HTTP.
     mlflow = MlflowClient(state["mlflow_url"])

@@ -1,0 +1,194 @@
+"""A group's children as runs of the `train` deployment, spread over workers by Prefect.
+
+With `children: deployments`, compare and sweep submit every child at once with `run_deployment`
+(linked to the parent flow run, so the Prefect UI shows each as a sub-run). Workers on the
+deployment's work pool pick them up: `make ui` starts $ADA_WORKERS process workers with `--limit 1`,
+one per GPU. Each child holds one slot of Prefect global concurrency limits from before its MLflow
+run starts until it ends (`flows.train`): the shared `concurrency_limit`, which bounds runs training
+at once across every group, and with `max_parallel` one made for the group alone. Nothing here
+schedules: this module checks the set-up, submits, waits and gathers.
+
+A finished child's result is read back from MLflow (the run tagged with the child's flow-run id),
+not from Prefect's result storage, which a worker on another machine would keep to itself. A child
+that ends in any state but Completed is recorded as a failure; the others go on.
+
+A child waiting for a slot is already a Running flow run on its worker (Prefect has no per-group
+gate before Running), so with `max_parallel` below the number of workers, a worker can sit on a
+waiting child. Its MLflow run starts only once it holds the slots.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+from uuid import UUID
+
+from mlflow import MlflowClient
+from prefect import get_run_logger
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.client.schemas.objects import FlowRun, WorkerStatus
+from prefect.deployments import run_deployment
+from prefect.exceptions import ObjectNotFound
+from prefect.utilities.urls import url_for
+
+from flows.params import GroupSettings, TrainParams
+
+FollowUp = Callable[[dict[str, Any]], list[TrainParams]]
+Plan = Callable[[TrainParams], tuple[TrainParams, dict[str, Any] | None]]
+
+
+def flow_run_url(flow_run_id: str | UUID | None) -> str | None:
+    """The Prefect UI page of a flow run; None without a UI (ephemeral mode) or an id."""
+    return url_for("flow-run", obj_id=str(flow_run_id)) if flow_run_id else None
+
+
+def mlflow_run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
+    """The MLflow UI page of a run when tracking goes to a server; None for a database store."""
+    if not tracking_uri.startswith(("http://", "https://")):
+        return None
+    return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def check_setup(params: GroupSettings) -> None:
+    """Fail before any child is submitted when nothing could run it: no deployment, no worker, no limit."""
+    with get_client(sync_client=True) as client:
+        try:
+            deployment = client.read_deployment_by_name(params.deployment)
+        except ObjectNotFound:
+            raise ValueError(
+                f"deployment: the Prefect server at {client.api_url} has no deployment {params.deployment!r}; "
+                "`make ui` registers prefect.yaml's (or `prefect deploy --name train`)") from None
+        pool = deployment.work_pool_name
+        workers = client.read_workers_for_work_pool(pool) if pool else []
+        if not any(w.status == WorkerStatus.ONLINE for w in workers):
+            raise ValueError(
+                f"children: no worker is online on work pool {pool!r} to run {params.deployment!r}; start one "
+                f"(`make ui`, or `prefect worker start --pool {pool} --limit 1`), or use children='inline'")
+        if params.concurrency_limit:
+            try:
+                client.read_global_concurrency_limit_by_name(params.concurrency_limit)
+            except ObjectNotFound:
+                raise ValueError(
+                    f"concurrency_limit: the Prefect server has no global concurrency limit "
+                    f"{params.concurrency_limit!r}; `make ui` creates it, or "
+                    f"`prefect gcl create {params.concurrency_limit} --limit <slots>`") from None
+
+
+def open_group_limit(group: str, max_parallel: int) -> str:
+    """A concurrency limit of `max_parallel` slots for this group's children only; its name is the group's."""
+    with get_client(sync_client=True) as client:
+        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=group, limit=max_parallel))
+    return group
+
+
+def close_group_limit(name: str) -> None:
+    """Delete the group's limit once no child can hold it. After a parent crash it stays until
+    `prefect gcl delete <group>`: children still running keep their slots and finish."""
+    with get_client(sync_client=True) as client:
+        try:
+            client.delete_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            pass
+
+
+def submit(params: TrainParams, deployment: str, group: str) -> UUID:
+    """One child as a run of `deployment`, returned at once (timeout=0); a sub-run of the calling flow run."""
+    run = run_deployment(
+        deployment, parameters={"params": params.model_dump(mode="json")}, timeout=0, as_subflow=True,
+        flow_run_name=params.run_name, tags=["ada", group, f"variant:{params.variant}", f"seed:{params.seed}"],
+    )
+    return run.id
+
+
+def wait_for_any(pending: dict[UUID, TrainParams], poll_s: float) -> list[FlowRun]:
+    """Block until at least one pending flow run is in a final state; return those that are."""
+    with get_client(sync_client=True) as client:
+        while True:
+            runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(pending))))
+            done = [run for run in runs if run.state is not None and run.state.is_final()]
+            if done:
+                return done
+            time.sleep(poll_s)
+
+
+def child_result(client: MlflowClient, experiment_id: str, flow_run_id: UUID, tracking_uri: str) -> dict[str, Any]:
+    """What `train` returns, rebuilt from the MLflow run its flow run logged (tag `prefect.flow_run_id`)."""
+    runs = client.search_runs([experiment_id], f"tags.`prefect.flow_run_id` = '{flow_run_id}'",
+                              order_by=["attributes.start_time DESC"], max_results=1)
+    if not runs:
+        raise RuntimeError(f"flow run {flow_run_id} completed but logged no MLflow run in experiment {experiment_id}")
+    run = runs[0]
+    checkpoints = sorted(a.path for a in client.list_artifacts(run.info.run_id, "checkpoints") if a.is_dir)
+    tags, params = run.data.tags, run.data.params
+    return {
+        "variant": tags["ada.variant"], "preset": tags["ada.preset"], "seed": int(tags["ada.seed"]),
+        "run_id": run.info.run_id, "run_dir": params["run_dir"], "tracking_uri": tracking_uri,
+        "model_artifact": f"{checkpoints[-1]}/hf" if checkpoints else None, "registered_version": None,
+        "metrics": dict(run.data.metrics), "num_params": int(params["num_params"]) if "num_params" in params else None,
+        "flow_run_id": str(flow_run_id),
+    }
+
+
+def failure_record(params: TrainParams, flow_run_id: str | UUID | None, state: str, message: str) -> dict[str, Any]:
+    return {"variant": params.variant or params.preset, "preset": params.preset, "seed": params.seed,
+            "run_name": params.run_name, "flow_run_id": str(flow_run_id) if flow_run_id else None,
+            "state": state, "message": message, "flow_run_url": flow_run_url(flow_run_id)}
+
+
+def run_deployments(
+    children: list[TrainParams], follow_up: FollowUp, params: GroupSettings, group: str, client: MlflowClient,
+    experiment_id: str, tracking_uri: str, plan: Plan,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Submit every child, then wait; a finished child's follow-ups (the matched control) go in at once.
+
+    `plan(child)` (flows.group.plan_child) -> (params to run, None), or (params, its result) for a
+    child that finished in an earlier attempt of a resumed group: not submitted again.
+
+    Returns (results of the Completed children, failure records of the others).
+    """
+    logger = get_run_logger()
+    check_setup(params)
+    limits = [params.concurrency_limit] if params.concurrency_limit else []
+    group_limit = open_group_limit(group, params.max_parallel) if params.max_parallel else None
+    limits += [group_limit] if group_limit else []
+    pending: dict[UUID, TrainParams] = {}
+
+    results: list[dict[str, Any]] = []
+    failures: list[dict[str, Any]] = []
+
+    def launch(child: TrainParams) -> None:
+        child, done = plan(child)
+        if done is not None:
+            results.append(done)
+            for extra in follow_up(done):
+                launch(extra)
+            return
+        child = child.model_copy(update={"concurrency_limits": limits})
+        flow_run_id = submit(child, params.deployment, group)
+        pending[flow_run_id] = child
+        logger.info("submitted %s as flow run %s (%s)", child.run_name, flow_run_id, flow_run_url(flow_run_id) or "")
+
+    for child in children:
+        launch(child)
+    while pending:
+        for run in wait_for_any(pending, params.poll_s):
+            child = pending.pop(run.id)
+            if run.state.is_completed():
+                try:
+                    result = child_result(client, experiment_id, run.id, tracking_uri)
+                except Exception as err:  # e.g. its MLflow run was deleted: one child lost, not the group
+                    failures.append(failure_record(child, run.id, "COMPLETED", f"no result: {err}"))
+                    continue
+                results.append(result)
+                logger.info("%s finished (MLflow run %s)", child.run_name, result["run_id"])
+                for extra in follow_up(result):
+                    launch(extra)
+            else:
+                failures.append(failure_record(child, run.id, run.state.type.value, run.state.message or ""))
+                logger.warning("%s ended %s: %s", child.run_name, run.state.type.value, run.state.message)
+    if group_limit:
+        close_group_limit(group_limit)
+    return results, failures
