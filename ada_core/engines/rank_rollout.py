@@ -10,7 +10,7 @@ import dataclasses
 import random
 from collections.abc import Sequence
 
-from ada_core.engines.transformers_engine import _check_sampling
+from ada_core.engines.transformers_engine import check_requests
 from ada_core.protocols import SamplingParams
 from ada_core.records import Prompt, Sample
 
@@ -25,12 +25,7 @@ class RankRolloutEngine:
         self.group = group
 
     def generate(self, requests: Sequence[tuple[Prompt, int]], sampling: SamplingParams) -> list[list[Sample]]:
-        _check_sampling(sampling)
-        for prompt, k in requests:
-            if not prompt.prompt_ids:
-                raise ValueError(f"prompt {prompt.id}: prompt_ids is empty; encode prompts before generating")
-            if k < 0:
-                raise ValueError(f"prompt {prompt.id}: requested k={k} samples; k must be >= 0")
+        check_requests(requests, sampling)
         if sampling.seed is None:  # one base seed for every rank, as one engine would draw
             sampling = dataclasses.replace(sampling, seed=random.SystemRandom().getrandbits(63))
         costs = [k * (len(p.prompt_ids) + sampling.max_tokens) for p, k in requests]

@@ -62,14 +62,8 @@ class TransformersRolloutEngine:
 
         `request_offset`: the index of `requests[0]` in a larger call split across ranks, so each row's
         seed is the one it would get in the whole call."""
-        _check_sampling(sampling)
-        rows: list[tuple[int, int]] = []  # (request index, copy index)
-        for i, (prompt, k) in enumerate(requests):
-            if not prompt.prompt_ids:
-                raise ValueError(f"prompt {prompt.id}: prompt_ids is empty; encode prompts before generating")
-            if k < 0:
-                raise ValueError(f"prompt {prompt.id}: requested k={k} samples; k must be >= 0")
-            rows.extend((i, j) for j in range(k))
+        check_requests(requests, sampling)
+        rows = [(i, j) for i, (_, k) in enumerate(requests) for j in range(k)]  # (request index, copy index)
         base_seed = sampling.seed if sampling.seed is not None else random.SystemRandom().getrandbits(63)
         out: list[list[Sample]] = [[] for _ in requests]
         was_training = self.model.training
@@ -167,6 +161,16 @@ def sample_tokens(logits: torch.Tensor, uniforms: torch.Tensor, temperature: flo
     tokens = torch.searchsorted(cdf, (uniforms.double() * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
     tokens = tokens.clamp(max=logits.shape[-1] - 1)
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def check_requests(requests: Sequence[tuple[Prompt, int]], sampling: SamplingParams) -> None:
+    """The checks every rollout engine makes before generating: valid sampling, encoded prompts, k >= 0."""
+    _check_sampling(sampling)
+    for prompt, k in requests:
+        if not prompt.prompt_ids:
+            raise ValueError(f"prompt {prompt.id}: prompt_ids is empty; encode prompts before generating")
+        if k < 0:
+            raise ValueError(f"prompt {prompt.id}: requested k={k} samples; k must be >= 0")
 
 
 def _check_sampling(sampling: SamplingParams) -> None:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ada_core import metrics as K
-from ada_core.engines.transformers_engine import _check_sampling, _row_seed
+from ada_core.engines.transformers_engine import _row_seed, check_requests
 from ada_core.engines.vllm_engine import VLLMRolloutEngine, WeightSyncError, default_sync_root, write_weights
 from ada_core.engines.vllm_server import VLLMServer, VLLMServerError
 from ada_core.protocols import SamplingParams
@@ -114,12 +114,7 @@ class VLLMServerPool:
 
     def generate(self, requests: Sequence[tuple[Prompt, int]], sampling: SamplingParams) -> list[list[Sample]]:
         """Return, for each `(prompt, k)` request, exactly k unscored Samples, in request order."""
-        _check_sampling(sampling)
-        for prompt, k in requests:
-            if not prompt.prompt_ids:
-                raise ValueError(f"prompt {prompt.id}: prompt_ids is empty; encode prompts before generating")
-            if k < 0:
-                raise ValueError(f"prompt {prompt.id}: requested k={k} samples; k must be >= 0")
+        check_requests(requests, sampling)
         base_seed = sampling.seed if sampling.seed is not None else random.SystemRandom().getrandbits(62)
         futures = {i: self._requests.submit(self._request, prompt, k, _row_seed(base_seed, i, 0) >> 1, sampling)
                    for i, (prompt, k) in enumerate(requests) if k > 0}
