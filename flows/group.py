@@ -211,12 +211,13 @@ def finish_group(
 
 
 def _child_line(client: MlflowClient, uri: str, experiment_id: str, result: dict[str, Any]) -> str:
-    """`- variant seed s: MLflow run <link>, <Prefect flow run link>, dir <path>` for the report."""
+    """`- variant seed s: MLflow run <link> (<id>), <Prefect flow run link>, dir <path>` for the report."""
     run = client.get_run(result["run_id"])
     mlflow_link = links.markdown_link(run.info.run_name, links.mlflow_run_url(uri, experiment_id, result["run_id"]))
     prefect_url = run.data.tags.get(links.PREFECT_RUN_URL_TAG)
     prefect = f", {links.markdown_link('Prefect flow run', prefect_url)}" if prefect_url else ""
-    return f"- `{result['variant']}` seed {result['seed']}: MLflow run {mlflow_link}{prefect}, dir `{result['run_dir']}`"
+    return (f"- `{result['variant']}` seed {result['seed']}: MLflow run {mlflow_link} (`{result['run_id']}`){prefect}, "
+            f"dir `{result['run_dir']}`")
 
 
 def log_group_params(client: MlflowClient, run_id: str, settings: RunSettings, **extra: Any) -> None:

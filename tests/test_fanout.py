@@ -82,7 +82,14 @@ def flow_runs(ids: list[str]) -> dict[str, object]:
 
     with get_client(sync_client=True) as client:
         runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
-        return {run.name: run for run in runs}
+        return {_child_name(run.name): run for run in runs}
+
+
+def _child_name(name: str) -> str:
+    """`<group>/<variant>-s<seed>` -> `<variant>-s<seed>`: children are named after their group too."""
+    group, _, child = name.rpartition("/")
+    assert group, name
+    return child
 
 
 def overlap(a: tuple, b: tuple) -> bool:
@@ -91,7 +98,8 @@ def overlap(a: tuple, b: tuple) -> bool:
 
 def children_of(client: MlflowClient, parent_id: str) -> dict[str, object]:
     experiment = client.get_run(parent_id).info.experiment_id
-    return {r.info.run_name: r for r in client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent_id}'")}
+    return {_child_name(r.info.run_name): r
+            for r in client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent_id}'")}
 
 
 def worker_logs(stack) -> str:
