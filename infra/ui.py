@@ -92,11 +92,17 @@ def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None, 
     raise TimeoutError(f"{url} did not answer within {timeout_s:.0f}s")
 
 
+RENDEZVOUS_VARS = ("MASTER_ADDR", "MASTER_PORT")
 _STARTED: dict[int, subprocess.Popen] = {}  # this process's children, reaped by stop_pid
 
 
 def spawn(args: list[str], env: dict[str, str], log: Path, cwd: Path = REPO) -> subprocess.Popen:
-    """Start a background process in its own session, so `stop` can end it and its children by id."""
+    """Start a background process in its own session, so `stop` can end it and its children by id.
+
+    The caller's torch.distributed rendezvous (MASTER_ADDR/MASTER_PORT, which an in-process DeepSpeed
+    engine exports) is not passed on: a worker's flow runs must pick their own port, not bind one the
+    caller's process group already holds."""
+    env = {k: v for k, v in env.items() if k not in RENDEZVOUS_VARS}
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as fh:
         proc = subprocess.Popen(args, env=env, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
