@@ -134,11 +134,11 @@ def vllm_server(tiny_model, tmp_path_factory):
         yield server
 
 
-LAST = ("test_deploy.py", "test_browser.py")
+LAST = ("test_fanout.py", "test_deploy.py", "test_browser.py")  # each starts a Prefect server of its own
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Run the `make ui` stack's tests (a second Prefect server, session-wide) after the rest.
+    """Run the tests that start Prefect servers of their own (fan-out, the `make ui` stack) after the rest.
 
     Once that stack has served flow runs in this process, the task runs of later flows under the
     test harness were missing from the harness's API (seen in full runs, never with the stack's tests
