@@ -37,7 +37,7 @@ def simulate(
     png_path: Path | None = typer.Option(None, "--png", help="Write the plot here."),
 ) -> None:
     """Compare the samplers on a Bernoulli engine with known pass rates (no model, seconds)."""
-    from ada_core.simulate import DifficultyMix, format_table, plot, run_simulation
+    from ada_core.sampling.simulate import DifficultyMix, format_table, plot, run_simulation
 
     if frac_zero + frac_one > 1.0:
         raise typer.BadParameter(f"--frac-zero + --frac-one = {frac_zero + frac_one} must be <= 1")
@@ -85,11 +85,12 @@ def train(
     engine: str | None = typer.Option(None, help="Rollout engine: transformers, or vllm (a server from `make vllm-env`)."),
 ) -> None:
     """Train one policy with one preset; metrics go to <output-dir>/metrics.jsonl."""
-    from ada_core.config import InputError, build_config, deep_merge, parse_set
+    from ada_core.config import build_config, deep_merge, parse_set
+    from ada_core.errors import InputError
     from ada_core.engines.vllm_server import check_engine_config
     from ada_core.paths import runs_dir
-    from ada_core.run_dir import check_run_dir
-    from ada_core.trainer import train as run_training
+    from ada_core.run.folder import check_run_dir
+    from ada_core.training import train as run_training
 
     overrides: dict = {}
     for key, value in (("model", model), ("steps", steps), ("seed", seed)):
@@ -127,7 +128,7 @@ def ledger(
     import csv as csv_module
     import sys
 
-    from ada_core.ledger import prompt_totals, read_rows
+    from ada_core.run.ledger import prompt_totals, read_rows
 
     try:
         totals = prompt_totals(read_rows(run_dir, url))

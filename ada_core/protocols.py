@@ -1,15 +1,17 @@
-"""The interfaces where the pieces meet: rollout engine, verifier and prompt source.
+"""The interfaces where the pieces meet: rollout engine, update engine, verifier, streaming engine.
 
-The sampler sees only a `RolloutEngine` and a `Verifier`, so any engine plugs in.
+The sampler sees only a `RolloutEngine` (or a `StreamingRolloutEngine`) and a `Verifier`, the trainer
+only these and an `UpdateEngine`, so any engine plugs in. `ada_core.engines.factory` chooses them.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from ada_core.occupancy import OccupancyMeter
 from ada_core.records import Prompt, Sample, VerifierStatus
 
 
@@ -27,11 +29,33 @@ class SamplingParams:
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    """Draws completions. One call serves a whole sampler round."""
+    """Draws completions. One `generate` call serves a whole sampler round.
+
+    Everything the trainer and the samplers call on a rollout engine is declared here. An in-process
+    engine (it samples from the update engine's own module) needs only `generate`: subclass this and
+    the rest are the no-ops below. An engine in other processes (vLLM servers) overrides them.
+    """
+
+    meter: OccupancyMeter | None = None
+    """Sequences in flight against the engine's capacity (rollout/idle_fraction); None: not metered."""
 
     def generate(self, requests: Sequence[tuple[Prompt, int]], sampling: SamplingParams) -> list[list[Sample]]:
         """Return, for each `(prompt, k)` request, exactly k unscored Samples (reward None)."""
         ...
+
+    def sync_weights(self, module: Any, version: int) -> dict[str, float]:
+        """Serve `module`'s weights as weight version `version`; returns `sync/*` metrics.
+        An in-process engine shares the module: nothing to send."""
+        return {}
+
+    def sleep(self) -> None:
+        """Free accelerator memory for the update (vLLM's sleep mode); no-op where there is none."""
+
+    def wake_up(self) -> None:
+        """Undo `sleep` before the next weight sync."""
+
+    def close(self) -> None:
+        """Release what the engine holds (a launched server, threads, clients). Idempotent."""
 
 
 @runtime_checkable
@@ -45,9 +69,17 @@ class UpdateEngine(Protocol):
         """One training step on the groups; returns `train/*`, `update/*` and `dist/*` metrics."""
         ...
 
-    def save(self, directory: Any) -> Any: ...
+    def save(self, directory: Any) -> Any:
+        """Optimizer, scheduler and engine state (not the HF weights) under `directory`."""
+        ...
 
-    def load(self, directory: Any) -> None: ...
+    def load(self, directory: Any) -> None:
+        """Restore what `save` wrote."""
+        ...
+
+    def rollout_engine(self, tokenizer: Any, micro_batch_size: int) -> RolloutEngine:
+        """An in-process rollout engine on this engine's own weights (with N ranks: split across them)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -66,60 +98,39 @@ class Verifier(Protocol):
         ...
 
 
-class PromptSource:
-    """An endless, seeded, reshuffling iterator over prompts with a resumable cursor.
+# ---------------------------------------------------------------------------------------------------
+# Streaming (`sampler.schedule: streaming`): one sample per request, each with its own seed, each cancellable.
+# ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StreamOutcome:
+    """What one sample ended with: the sample, or None when it was aborted first."""
 
-    Each epoch is a fresh permutation drawn from `seed + epoch`, so the cursor (epoch, position) is
-    all a checkpoint needs to resume on exactly the same next prompts.
-    """
+    sample: Sample | None
+    tokens: int
+    """Completion tokens the server generated for it (all of them, or up to the abort)."""
 
-    def __init__(self, prompts: Sequence[Prompt], seed: int = 0, shuffle: bool = True):
-        if not prompts:
-            raise ValueError("PromptSource needs at least one prompt")
-        self._prompts = list(prompts)
-        self.seed = seed
-        self.shuffle = shuffle
-        self.epoch = 0
-        self.position = 0
-        self._order = self._permutation(0)
 
-    def _permutation(self, epoch: int) -> list[int]:
-        order = list(range(len(self._prompts)))
-        if self.shuffle:
-            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
-        return order
+class BlockHandle(Protocol):
+    futures: list[Future]
+    """One per sample of the block, in seed order; each resolves to a StreamOutcome as soon as that
+    sample is done (not when the block is), or raises the engine's error (a dead server)."""
 
-    def __len__(self) -> int:
-        return len(self._prompts)
+    def cancel(self) -> None:
+        """Abort the block's unfinished samples: their futures then resolve with sample=None. Idempotent."""
 
-    @property
-    def prompts(self) -> list[Prompt]:
-        """The training prompts in their input order (not the epoch's order)."""
-        return list(self._prompts)
 
-    def take(self, k: int) -> list[Prompt]:
-        """The next k distinct prompts. A batch never straddles two epochs: when fewer than k are left,
-        the rest of the epoch is skipped (drop-last), so a step never sees one prompt twice."""
-        if k > len(self._prompts):
-            raise ValueError(f"prompts_per_step={k} exceeds the {len(self._prompts)} training prompts")
-        if self.position + k > len(self._order):
-            self.epoch += 1
-            self.position = 0
-            self._order = self._permutation(self.epoch)
-        out = [self._prompts[i] for i in self._order[self.position : self.position + k]]
-        self.position += k
-        return out
+@runtime_checkable
+class StreamingRolloutEngine(Protocol):
+    """An engine that can serve `sampler.schedule: streaming`. A pool of servers implements it by
+    handing each block to its least-loaded server; the schedule never sees which."""
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "epoch": self.epoch, "position": self.position, "size": len(self._prompts)}
+    concurrency: int
+    """Samples the engine can keep in flight at once: the schedule never asks for more."""
+    meter: OccupancyMeter
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("size", len(self._prompts)) != len(self._prompts):
-            raise ValueError(
-                f"prompt source cursor was saved over {state['size']} prompts but this source has "
-                f"{len(self._prompts)}: resume with the same dataset"
-            )
-        self.seed = int(state["seed"])
-        self.epoch = int(state["epoch"])
-        self.position = int(state["position"])
-        self._order = self._permutation(self.epoch)
+    def submit(self, prompt: Prompt, seed: int, count: int, sampling: SamplingParams) -> BlockHandle:
+        """Start `count` samples of `prompt`, the k-th with seed `seed + k` (sampling.seed is ignored).
+
+        Sample identity depends on its seed only, never on the block it was sent in: vLLM gives copy
+        k of an n=count request with seed s exactly the sample of an n=1 request with seed s + k."""
+        ...

@@ -5,7 +5,7 @@
 Writes a synthetic parquet in the OpenR1-Math schema (problem, solution, answer, problem_type,
 question_type, source, uuid; 1% repeated problems), then times, side by side in one process:
 
-- before: the pyarrow + Python loader as it was before `datasets` (ada_core/data.py at
+- before: the pyarrow + Python loader as it was before `datasets` (ada_core/data/prompts.py at
   BEFORE_COMMIT, loaded from git) and the plain-Python dedup loop;
 - after, cold: `load_dataset_file` and `curation.dedup` with an empty ADA_HOME (so an empty
   datasets cache: the parquet is converted to Arrow and every check/normalisation runs);
@@ -58,7 +58,7 @@ def write_openr1(path: Path, rows: int, seed: int = 0) -> None:
 
 
 def old_data_module():
-    source = subprocess.run(["git", "-C", str(REPO), "show", f"{BEFORE_COMMIT}:ada_core/data.py"], check=True,
+    source = subprocess.run(["git", "-C", str(REPO), "show", f"{BEFORE_COMMIT}:ada_core/data/prompts.py"], check=True,
                             capture_output=True, text=True).stdout
     path = Path(tempfile.mkdtemp()) / "data_before.py"
     path.write_text(source)
@@ -70,7 +70,7 @@ def old_data_module():
 
 
 def old_dedup(prompts):
-    from ada_core.curation import normalise_text
+    from ada_core.data.curation import normalise_text
 
     first, kept = {}, []
     for p in prompts:
@@ -98,7 +98,7 @@ def main() -> None:
     data = work / "openr1_bench.parquet"
     write_openr1(data, args.rows)
     before = old_data_module()
-    from ada_core import curation, data as after
+    from ada_core.data import curation, data as after
 
     results: dict[str, float] = {}
     kept: dict[str, int] = {}

@@ -22,7 +22,7 @@ and its eos id is the model's eos). A random 49,152-way model almost never draws
 run the full `max_tokens`, which makes its tokens/s a fixed-length measurement.
 
 Imports only torch, transformers, tokenizers and ada_core's models, engines, config, losses, records,
-protocols and metrics (pulling in pydantic and deepspeed): nothing from ada_core.rewards, ada_core.data,
+protocols and metrics (pulling in pydantic and deepspeed): nothing from ada_core.rl.rewards, ada_core.data,
 prefect or mlflow, which the GPU machine lacks (DeepSpeed tries mlflow inside a try/except only).
 """
 

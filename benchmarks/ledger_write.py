@@ -23,10 +23,11 @@ from pathlib import Path
 import numpy as np
 
 from ada_core.config import AdvantageConfig, SamplerConfig
-from ada_core.ledger import Ledger, shown_url
-from ada_core.protocols import PromptSource, SamplingParams
+from ada_core.run.ledger import Ledger, shown_url
+from ada_core.protocols import SamplingParams
+from ada_core.data import PromptSource
 from ada_core.sampling import make_sampler
-from ada_core.simulate import BernoulliEngine, BernoulliVerifier, make_prompts
+from ada_core.sampling.simulate import BernoulliEngine, BernoulliVerifier, make_prompts
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Per-step overhead of the platform (Prefect task runs + MLflow logging) over the bare trainer loop.
 
-Both arms run `ada_core.trainer.run_steps` on the same config and seed, so they do the same
+Both arms run `ada_core.training.run_steps` on the same config and seed, so they do the same
 training work; the platform arm passes `tasks.training.TASK_STEPS` (each step function a Prefect
 task run) and the MLflow callbacks (per-step metrics, eval tables, checkpoint uploads, system
 metrics), inside a Prefect flow run and an MLflow run on the embedded SQLite store. Arms alternate
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     from prefect import flow
 
     from ada_core.config import build_config
-    from ada_core.trainer import run_steps, setup
+    from ada_core.training import run_steps, setup
     from flows import tracking
     from tasks.training import TASK_STEPS
 

@@ -34,9 +34,9 @@ def _best(fn, repeats: int) -> float:
 
 
 def manifest_cost(model: str, profile: str, repeats: int) -> dict:
-    from ada_core.checkpoints import write_manifest, verify_checkpoint
+    from ada_core.run.checkpoints import write_manifest, verify_checkpoint
     from ada_core.config import build_config
-    from ada_core.trainer import run_steps, setup
+    from ada_core.training import run_steps, setup
 
     overrides = {"model": model, "sft_steps": 0, "steps": 1, "prompts_per_step": 2, "eval_every": 0,
                  "checkpoint_every": 0, "data": {"train_size": 16, "eval_size": 2}, "sampler": {"n": 2}}
@@ -45,7 +45,7 @@ def manifest_cost(model: str, profile: str, repeats: int) -> dict:
         state = setup(cfg, Path(tmp) / "run")
         try:
             run_steps(state)  # saves the step-1 checkpoint, manifest included
-            from ada_core.trainer import save_checkpoint
+            from ada_core.training import save_checkpoint
 
             save_s = _best(lambda: save_checkpoint(state), repeats)
         finally:
@@ -75,7 +75,7 @@ def _rescanning_last_boxed(text: str) -> str | None:
 
 def boxed_bomb(copies: list[int], old_max: int) -> list[dict]:
     from ada_core.records import Prompt
-    from ada_core.rewards import MathVerifier, last_boxed
+    from ada_core.rl.rewards import MathVerifier, last_boxed
 
     rows = []
     prompt = Prompt(id="q", text="?", answer="1")

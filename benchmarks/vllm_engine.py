@@ -137,7 +137,8 @@ def bench_model(name: str, sizes: dict, args, out_dir: Path) -> dict:
 def bench_trainer(args, out_dir: Path) -> dict:
     """`setup` + `run_steps` once per engine on the same config; per-step means after the warm-up steps."""
     from ada_core.config import build_config
-    from ada_core.trainer import read_metrics, run_steps, setup
+    from ada_core.training import run_steps, setup
+    from ada_core.run.files import read_metrics
 
     result = {"preset": args.trainer_preset, "model": args.trainer_model, "steps": args.trainer_steps,
               "warmup_steps": args.trainer_warmup_steps, "engines": {}}

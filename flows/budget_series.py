@@ -14,8 +14,8 @@ from typing import Any
 from mlflow.entities import Metric
 
 from ada_core import metrics as K
-from ada_core.budget import compute_flops
-from ada_core.trainer import Callbacks
+from ada_core.sampling.budget import compute_flops
+from ada_core.training import Callbacks
 from flows.tracking import RunLogger
 
 VS_SAMPLES = "vs_samples"  # step = cumulative generated samples

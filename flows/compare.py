@@ -23,8 +23,8 @@ import numpy as np
 from prefect import flow, get_run_logger
 
 from ada_core import metrics as K
-from ada_core.budget import matched_grpo_prompts
-from ada_core.trainer import read_metrics
+from ada_core.sampling.budget import matched_grpo_prompts
+from ada_core.run.files import read_metrics
 from flows import fanout, tracking
 from flows.group import child_params, finish_group, group_folder, group_tags, log_group_params, run_children
 from flows.params import CompareParams, TrainParams

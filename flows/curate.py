@@ -12,7 +12,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from ada_core.curation import load_curated
+from ada_core.data.curation import load_curated
 from flows import tracking
 from flows.lineage import log_dataset_inputs
 from flows.params import CurateParams

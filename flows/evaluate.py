@@ -19,7 +19,7 @@ from prefect import flow, get_run_logger
 from prefect.utilities.annotations import quote
 
 from ada_core.paths import runs_dir
-from ada_core.trainer import setup
+from ada_core.training import setup
 from flows import tracking
 from flows.params import EvaluateParams
 from flows.runtime import run_stamp, set_torch_threads

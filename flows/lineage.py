@@ -23,7 +23,7 @@ def log_dataset_inputs(client: MlflowClient, run_id: str, source: str, splits: d
     from mlflow.entities import DatasetInput, InputTag
 
     from ada_core.data import data_digest, prompts_digest
-    from ada_core.hf import prompts_dataset
+    from ada_core.data.hf import prompts_dataset
 
     path = Path(source)
     origin = path / "prompts.jsonl" if path.is_dir() else path

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ada_core import metrics as K
-from ada_core.trainer import Callbacks
+from ada_core.training import Callbacks
 
 # The latest-metrics table: (metric key, readable name), in the order shown.
 TABLE_METRICS: list[tuple[str, str]] = [

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ada_core.ledger import LedgerNotFound, prompt_totals, read_rows
+from ada_core.run.ledger import LedgerNotFound, prompt_totals, read_rows
 
 if TYPE_CHECKING:
     from flows.report import RunCurves

@@ -1,6 +1,6 @@
 """The comparison report: plots and a final-metrics table, read from run directories alone.
 
-It reads each run's `metrics.jsonl` (`ada_core.trainer.read_metrics`), so it works offline and on
+It reads each run's `metrics.jsonl` (`ada_core.training.read_metrics`), so it works offline and on
 runs the CLI made:
 
     python -m flows.report .ada/runs/compare-x/grpo-s0 .ada/runs/compare-x/ada-balance-s0 --out report/
@@ -29,8 +29,9 @@ import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
 from ada_core import metrics as K  # noqa: E402
-from ada_core.budget import compute_flops  # noqa: E402
-from ada_core.trainer import latest_checkpoint, read_metrics  # noqa: E402
+from ada_core.sampling.budget import compute_flops  # noqa: E402
+from ada_core.run.checkpoints import latest_checkpoint
+from ada_core.run.files import read_metrics  # noqa: E402
 from flows.paired import paired_differences, paired_table  # noqa: E402
 from flows.prompt_plot import plot_prompt_ledger  # noqa: E402
 
@@ -91,7 +92,7 @@ def merge_rows(rows: list[dict[str, float]], num_params: int | None = None) -> l
     metrics.jsonl holds a step row (the step's metrics) and, on eval steps, an eval row with the
     same step number. Example: rows `{step 0, eval}`, `{step 1, ...}`, `{step 1, eval}` ->
     points `[{step 0, eval, *_cum 0}, {step 1, ..., eval}]`. With `num_params`, each point also
-    gets `compute/flops_cum` from `ada_core.budget.compute_flops`.
+    gets `compute/flops_cum` from `ada_core.sampling.budget.compute_flops`.
     """
     by_step: dict[int, dict[str, float]] = {}
     for row in rows:

@@ -28,7 +28,7 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from flows.report import RUN_INFO
+from ada_core.run.files import RUN_INFO
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from mlflow.exceptions import MlflowException
 from ada_core import metrics as K
 from ada_core.config import SamplerConfig, TrainConfig, flat_params
 from ada_core.paths import ada_home
-from ada_core.trainer import Callbacks
+from ada_core.training import Callbacks
 from flows import links
 
 REGISTERED_MODEL = "ada-policy"

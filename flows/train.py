@@ -1,7 +1,7 @@
 """`train` flow: one variant, curation -> per-step rollout and update tasks -> evaluation -> checkpoints.
 
-There is no second training loop: the flow calls `ada_core.trainer.setup` and then
-`ada_core.trainer.run_steps` with the task-wrapped step functions (`tasks.training.TASK_STEPS`) and
+There is no second training loop: the flow calls `ada_core.training.setup` and then
+`ada_core.training.run_steps` with the task-wrapped step functions (`tasks.training.TASK_STEPS`) and
 MLflow callbacks, so each step shows up as `rollout-step-N` and `update-step-N` task runs.
 
     python -c "from flows.train import train; from flows.params import TrainParams; \
@@ -28,15 +28,17 @@ from prefect.runtime import flow_run
 from ada_core.config import TrainConfig
 from ada_core.data import data_digest
 from ada_core.paths import runs_dir
-from ada_core.run_dir import check_run_dir
-from ada_core.trainer import PER_STEP_FILES, latest_checkpoint, read_metrics, run_steps, setup
+from ada_core.run.folder import check_run_dir
+from ada_core.training import run_steps, setup
+from ada_core.run.files import PER_STEP_FILES, read_metrics
+from ada_core.run.checkpoints import latest_checkpoint
 from flows import resume as resuming
 from flows import tracking
 from flows.budget_series import BudgetAxes
 from flows.lineage import log_dataset_inputs
 from flows.params import TrainParams
 from flows.progress import TrainProgress, chain
-from flows.report import RUN_INFO
+from ada_core.run.files import RUN_INFO
 from flows.runtime import quiet_task_run_logs, run_stamp, set_torch_threads
 from tasks.curation import curate_for, training_config
 from tasks.training import TASK_STEPS
@@ -211,7 +213,7 @@ def _setup(run_config: TrainConfig, out: Path, target, client, run_id: str, logg
     try:
         state = setup(run_config, out, resume=out)
     except FileNotFoundError as err:
-        from ada_core.checkpoints import COMPLETE, checkpoint_dirs
+        from ada_core.run.checkpoints import COMPLETE, checkpoint_dirs
 
         if "no complete checkpoint" not in str(err) or any((p / COMPLETE).is_file() for p in checkpoint_dirs(out)):
             raise  # every saved checkpoint is damaged: that needs a person, not a silent restart

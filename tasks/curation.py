@@ -46,12 +46,12 @@ def _curate_dataset(
     carry) is part of both cache keys, so editing a dataset file in place curates it afresh.
     """
     from flows.progress import ProgressArtifact
-    from ada_core import curation
+    from ada_core.data import curation
     from ada_core.data import load_prompts, warm_start_prompts
     from ada_core.engines.transformers_engine import TransformersRolloutEngine
     from ada_core.models import encode_prompts, load_policy, resolve_model, sft_warm_start
     from ada_core.protocols import SamplingParams
-    from ada_core.rewards import MathVerifier
+    from ada_core.rl.rewards import MathVerifier
 
     inputs = dict(model=model, sft_steps=sft_steps, dataset=dataset, pool_size=pool_size, k=k, ceiling=ceiling,
                   seed=seed, max_tokens=max_tokens, temperature=temperature, positive_threshold=positive_threshold,

@@ -1,11 +1,11 @@
 """The trainer's step functions as Prefect tasks, so every step shows up as task runs in the UI.
 
-Each task is a few lines over `ada_core.trainer`. They take the in-memory `RunState`, which is
+Each task is a few lines over `ada_core.training`. They take the in-memory `RunState`, which is
 neither hashable nor worth persisting, hence `cache_policy=NO_CACHE, persist_result=False`.
 Rollout and update advance the state (prompt cursor, RNG, weights), so they never retry;
 evaluation and checkpointing are safe to repeat, so they do.
 
-`TASK_STEPS` is what the train flow hands to `ada_core.trainer.run_steps`: the state is passed
+`TASK_STEPS` is what the train flow hands to `ada_core.training.run_steps`: the state is passed
 inside `quote(...)` so Prefect does not walk it looking for upstream futures (on the tiny model
 that walk costs more than the step itself).
 """
@@ -20,9 +20,9 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run
 from prefect.utilities.annotations import quote
 
-from ada_core import trainer
+from ada_core import training
 from ada_core.records import RolloutBatch
-from ada_core.trainer import RunState, StepFunctions
+from ada_core.training import RunState, StepFunctions
 
 _IN_MEMORY = {"cache_policy": NO_CACHE, "persist_result": False}
 
@@ -43,26 +43,26 @@ def _this_step_name(kind: str):
 @task(name="adaptive_rollout", task_run_name=_next_step_name("rollout"), **_IN_MEMORY)
 def adaptive_rollout(state: RunState) -> RolloutBatch:
     """Draw the next step's prompts and run the configured sampler (ada, fixed or dynamic_filter)."""
-    return trainer.rollout_step(state)
+    return training.rollout_step(state)
 
 
 @task(name="update_policy", task_run_name=_next_step_name("update"), **_IN_MEMORY)
 def update_policy(state: RunState, batch: RolloutBatch) -> dict[str, float]:
     """One policy update on the batch's groups, then the weight sync."""
-    return trainer.update_step(state, batch)
+    return training.update_step(state, batch)
 
 
 @task(name="evaluate", task_run_name=_this_step_name("evaluate"), retries=2, retry_delay_seconds=2, **_IN_MEMORY)
 def evaluate(state: RunState) -> dict[str, float]:
     """avg@k and pass@k on the held-out prompts."""
-    return trainer.evaluate(state)
+    return training.evaluate(state)
 
 
 @task(name="save_checkpoint", task_run_name=_this_step_name("checkpoint"), retries=2, retry_delay_seconds=2,
       **_IN_MEMORY)
 def save_checkpoint(state: RunState) -> Path:
     """Atomic checkpoint (weights, optimizer, RNG, data cursor) under the run directory."""
-    return trainer.save_checkpoint(state)
+    return training.save_checkpoint(state)
 
 
 def _quoted(step_task: Any):

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ada_core.advantages import ADVANTAGES, compute_advantages, register_advantage
+from ada_core.rl.advantages import ADVANTAGES, compute_advantages, register_advantage
 from ada_core.config import AdvantageConfig
 
 EPS = 1e-6

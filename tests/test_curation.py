@@ -10,14 +10,14 @@ from dataclasses import replace
 import datasets
 import pytest
 
-from ada_core import curation
-from ada_core.curation import CurationResult, curate, dedup, load_curated, normalise_text, save_curated
+from ada_core.data import curation
+from ada_core.data.curation import CurationResult, curate, dedup, load_curated, normalise_text, save_curated
 from ada_core.data import generate_prompts, load_prompts
 from ada_core.engines.transformers_engine import TransformersRolloutEngine
 from ada_core.models import encode_prompts, load_policy, sft_warm_start
 from ada_core.protocols import SamplingParams
 from ada_core.records import Prompt
-from ada_core.rewards import MathVerifier
+from ada_core.rl.rewards import MathVerifier
 
 SAMPLING = SamplingParams(temperature=1.0, max_tokens=6)
 K, CEILING = 8, 0.875  # the tiny profile's curation_k and pass_rate_ceiling

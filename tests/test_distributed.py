@@ -21,11 +21,13 @@ from ada_core.engines.rank_group import RankError, RankGroup, start_ray
 from ada_core.engines.rank_rollout import split_contiguous
 from ada_core.engines.transformers_engine import TransformersRolloutEngine
 from ada_core.engines.update_plan import balance_by_tokens, flatten, plan_update
-from ada_core.losses import gather_logprobs, ppo_clip_loss
+from ada_core.rl.losses import gather_logprobs, ppo_clip_loss
 from ada_core.models import format_prompt_ids, load_policy
 from ada_core.protocols import SamplingParams
 from ada_core.records import Group, Prompt, Sample
-from ada_core.trainer import latest_checkpoint, read_metrics, run_steps, setup
+from ada_core.training import run_steps, setup
+from ada_core.run.checkpoints import latest_checkpoint
+from ada_core.run.files import read_metrics
 
 pytestmark = pytest.mark.slow
 

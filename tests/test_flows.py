@@ -19,10 +19,10 @@ from mlflow import MlflowClient
 from pydantic import ValidationError
 
 from ada_core import metrics as K
-from ada_core.budget import matched_grpo_prompts
+from ada_core.sampling.budget import matched_grpo_prompts
 from ada_core.config import ConfigError
-from ada_core.run_dir import RunDirError
-from ada_core.trainer import read_metrics
+from ada_core.run.folder import RunDirError
+from ada_core.run.files import read_metrics
 from flows import tracking
 from flows.params import CompareParams, EvaluateParams, SweepParams, TrainParams, nest_dotted
 from flows.report import count_params, load_run, mean_std, merge_rows, summary_table

@@ -15,10 +15,11 @@ from typer.testing import CliRunner
 
 from ada_core.cli import app
 from ada_core.config import ConfigError, build_config
-from ada_core.ledger import VERSION_TABLE, Ledger, create_engine, open_engine, prompt_totals, read_rows
-from ada_core.protocols import PromptSource, SamplingParams
-from ada_core.simulate import BernoulliEngine, BernoulliVerifier, budgeted_methods, default_methods, make_prompts
-from ada_core.trainer import Callbacks, run_steps, setup
+from ada_core.run.ledger import VERSION_TABLE, Ledger, create_engine, open_engine, prompt_totals, read_rows
+from ada_core.protocols import SamplingParams
+from ada_core.data import PromptSource
+from ada_core.sampling.simulate import BernoulliEngine, BernoulliVerifier, budgeted_methods, default_methods, make_prompts
+from ada_core.training import Callbacks, run_steps, setup
 
 
 def simulated_run(ledgers: list[Ledger], steps: int = 3, prompts: int = 24, method: str = "ada-est"):

@@ -11,7 +11,6 @@ import torch
 from ada_core.data import generate_prompts
 from ada_core.engines.transformers_engine import TransformersRolloutEngine
 from ada_core.models import (
-    _sft_tensors,
     build_tiny,
     build_tiny_tokenizer,
     encode_prompts,
@@ -22,9 +21,10 @@ from ada_core.models import (
     sft_warm_start,
     smollm2_gguf_path,
 )
+from ada_core.models.sft import _sft_tensors
 from ada_core.protocols import SamplingParams
 from ada_core.records import Prompt
-from ada_core.rewards import MathVerifier
+from ada_core.rl.rewards import MathVerifier
 
 TEXTS = ["12+345=", "0+0=", "999+999=1998", " 7 - 3 = 4 ", "1+2=3+4=5"]
 

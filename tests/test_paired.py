@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ada_core import metrics as K
-from ada_core.ledger import Ledger
+from ada_core.run.ledger import Ledger
 from flows.paired import mean_ci, paired_differences, paired_table, reference_for, value_at
 from flows.params import CompareParams
 from flows.prompt_plot import pass_rate_matrix, plot_prompt_ledger
@@ -69,7 +69,7 @@ def test_prompt_ledger_plot(tmp_path):
             ledger.record(step, pools, {"p0"})
     finally:
         ledger.close()
-    from ada_core.ledger import read_rows
+    from ada_core.run.ledger import read_rows
 
     matrix, resolved, total, _ = pass_rate_matrix(read_rows(tmp_path), bins=4)
     assert (resolved, total) == (2, 3) and matrix.shape == (3, 4)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ada_core.protocols import PromptSource
+from ada_core.data import PromptSource
 from ada_core.records import Prompt
 
 

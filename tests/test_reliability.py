@@ -12,13 +12,16 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ada_core.checkpoints import MANIFEST, latest_good_checkpoint, read_jsonl, verify_checkpoint
+from ada_core.run.checkpoints import MANIFEST, latest_good_checkpoint, verify_checkpoint
+from ada_core.run.files import read_jsonl
 from ada_core.cli import INPUT_ERROR_EXIT, app
 from ada_core.config import ConfigError, build_config
-from ada_core.data import DatasetError, load_dataset_file
+from ada_core.data import load_dataset_file
+from ada_core.errors import DatasetError
 from ada_core.models import MAX_CHARS_PER_TOKEN, encode_prompts, load_tokenizer
 from ada_core.records import Prompt
-from ada_core.trainer import read_metrics, run_steps, setup, train
+from ada_core.training import run_steps, setup, train
+from ada_core.run.files import read_metrics
 
 TINY_RUN = {
     "sft_steps": 0, "steps": 4, "prompts_per_step": 4, "eval_every": 2, "eval_k": 2, "checkpoint_every": 1,

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from ada_core.trainer import read_metrics
+from ada_core.run.files import read_metrics
 from flows import tracking
 from flows.params import CompareParams, TrainParams
-from flows.report import RUN_INFO
+from ada_core.run.files import RUN_INFO
 from flows.resume import reap_dead_runs
 
 pytestmark = pytest.mark.slow
@@ -36,7 +36,7 @@ COMPARE = {"variants": ["grpo", "ada-balance"], "matched_grpo": False, "steps": 
 
 CHILD = r"""
 import json, os, signal, sys
-import ada_core.trainer as T
+import ada_core.training as T
 
 spec = json.loads(sys.argv[1])
 
@@ -204,7 +204,7 @@ def test_a_flow_level_retry_resumes_from_the_last_checkpoint(resume_env, tmp_pat
                                                              resumed_from):
     """A failure after the step-2 checkpoint (or before any); Prefect retries the flow run, which finds its
     own MLflow run (tag prefect.flow_run_id) and resumes it (or starts it over, in the same MLflow run)."""
-    import ada_core.trainer as T
+    import ada_core.training as T
     from flows.train import train
 
     append, failed = T._append_jsonl, []

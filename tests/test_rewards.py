@@ -11,7 +11,7 @@ import pytest
 
 from ada_core.protocols import Verdict, Verifier
 from ada_core.records import Prompt, VerifierStatus
-from ada_core.rewards import MathVerifier, extract_answer, last_boxed
+from ada_core.rl.rewards import MathVerifier, extract_answer, last_boxed
 
 OK, TIMEOUT, PARSE_ERROR = VerifierStatus.OK, VerifierStatus.TIMEOUT, VerifierStatus.PARSE_ERROR
 HUGE = r"\boxed{9^{9^{9^{9^{9}}}}}"  # sympy evaluates the tower and never returns

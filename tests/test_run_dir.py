@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from ada_core.cli import app
-from ada_core.run_dir import RunDirError, check_run_dir, claim_run_dir
-from ada_core.trainer import read_metrics
+from ada_core.run.folder import RunDirError, check_run_dir, claim_run_dir
+from ada_core.run.files import read_metrics
 
 FAST = ["--steps", "1", "--set", "sft_steps=0", "--set", "prompts_per_step=4", "--set", "eval_every=0",
         "--set", "data.train_size=16", "--set", "data.eval_size=4"]

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from ada_core import metrics as mk
 from ada_core.config import AdvantageConfig, SamplerConfig
-from ada_core.protocols import PromptSource, SamplingParams, Verdict
+from ada_core.protocols import SamplingParams, Verdict
+from ada_core.data import PromptSource
 from ada_core.records import Prompt, Sample
 from ada_core.sampling import (
     AdaSampler,
@@ -27,7 +28,7 @@ from ada_core.sampling import (
     downsample_balanced,
     make_sampler,
 )
-from ada_core.simulate import BernoulliEngine, BernoulliVerifier
+from ada_core.sampling.simulate import BernoulliEngine, BernoulliVerifier
 
 GLOBAL_MEAN, GRPO = AdvantageConfig(name="global_mean"), AdvantageConfig(name="grpo")
 SAMPLING = SamplingParams(max_tokens=14)

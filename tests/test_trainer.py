@@ -10,7 +10,9 @@ import torch
 
 from ada_core import metrics as K
 from ada_core.config import build_config
-from ada_core.trainer import latest_checkpoint, read_metrics, run_steps, setup
+from ada_core.training import run_steps, setup
+from ada_core.run.checkpoints import latest_checkpoint
+from ada_core.run.files import read_metrics
 
 pytestmark = pytest.mark.slow
 

@@ -23,7 +23,8 @@ from ada_core.models import load_policy
 from ada_core.protocols import SamplingParams
 from ada_core.records import Prompt
 from ada_core.sampling import make_sampler
-from ada_core.trainer import read_metrics, rollout_step, run_steps, setup
+from ada_core.training import rollout_step, run_steps, setup
+from ada_core.run.files import read_metrics
 
 pytestmark = pytest.mark.slow
 

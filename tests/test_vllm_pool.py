@@ -21,7 +21,8 @@ from ada_core.engines.vllm_server import VLLMServerError
 from ada_core.models import load_policy
 from ada_core.protocols import SamplingParams
 from ada_core.records import Prompt
-from ada_core.trainer import Callbacks, read_metrics, run_steps, setup
+from ada_core.training import Callbacks, run_steps, setup
+from ada_core.run.files import read_metrics
 
 pytestmark = pytest.mark.slow
 

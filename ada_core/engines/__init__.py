@@ -1,13 +1,19 @@
-"""Engines behind the `RolloutEngine` protocol and the update engine.
+"""Engines behind the `RolloutEngine` and `UpdateEngine` protocols (ada_core/protocols.py).
 
+- `factory`: the one place that chooses a run's update engine (1 rank or N) and rollout engine.
+- `requests`: the checks and per-row seeding every rollout engine shares.
 - `transformers_engine.TransformersRolloutEngine`: in-process batched sampling (the CPU default).
 - `vllm_engine.VLLMRolloutEngine`: a vLLM server over HTTP, with once-per-step weight sync;
-  `vllm_server.VLLMServer` launches that server from its own environment (`make vllm-env`).
+  `vllm_server.VLLMServer` launches that server from its own environment (`make vllm-env`);
+  `vllm_stream.VLLMSampleStreamer`: its per-sample requests for `sampler.schedule: streaming`.
 - `vllm_pool.VLLMServerPool`: several vLLM servers as one engine (dispatch, parallel sync, failover).
 - `deepspeed_engine.DeepSpeedUpdateEngine`: PPO-clip updates with DeepSpeed (gloo on CPU).
 - `update_plan`: the driver's plan of an update (mini-batches, rank shares, global loss denominators).
 - `rank_group.RankGroup`: N DeepSpeed ranks as Ray actors, the same interface as one update engine;
-  `rank_group.build_update_engine` picks one or the other from `distributed.num_ranks`.
+  `rank_rollout.RankRolloutEngine` splits each round across those ranks.
 
 Submodules are imported directly, so importing one engine never pays for another's imports (DeepSpeed, httpx).
 """
+
+__all__ = ["deepspeed_engine", "factory", "rank_group", "rank_rollout", "requests", "transformers_engine",
+           "update_plan", "vllm_engine", "vllm_pool", "vllm_server", "vllm_stream"]

@@ -50,9 +50,10 @@ from pathlib import Path
 import torch
 
 from ada_core.config import LossConfig, OptimConfig
-from ada_core.losses import effective_mask, gather_logprobs, ppo_clip_loss, token_entropy
+from ada_core.rl.losses import effective_mask, gather_logprobs, ppo_clip_loss, token_entropy
 from ada_core.engines.update_plan import (DIAGNOSTICS, Denominators, flatten, local_steps, plan_update,
                                           update_metrics, zero_metrics)
+from ada_core.protocols import UpdateEngine
 from ada_core.records import Group
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ _STATE_FILE = "update_engine.pt"
 _DIAGNOSTICS = DIAGNOSTICS
 
 
-class DeepSpeedUpdateEngine:
+class DeepSpeedUpdateEngine(UpdateEngine):
     """PPO-clip updates of an HF causal LM wrapped in a DeepSpeed engine (ZeRO stage 0-2)."""
 
     def __init__(self, model, loss_cfg: LossConfig, optim_cfg: OptimConfig, total_steps: int,
@@ -137,6 +138,12 @@ class DeepSpeedUpdateEngine:
         finally:
             self.module.train(was_training)
         return results, time.perf_counter() - start
+
+    def rollout_engine(self, tokenizer, micro_batch_size: int = 64):
+        """The in-process rollout engine on this engine's module: new weights need no sync."""
+        from ada_core.engines.transformers_engine import TransformersRolloutEngine
+
+        return TransformersRolloutEngine(self.module, tokenizer, micro_batch_size=micro_batch_size)
 
     def close(self) -> None:
         """Nothing to release in-process (the process group lives as long as the process); the rank

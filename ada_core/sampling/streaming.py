@@ -31,15 +31,15 @@ import queue
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, replace
-from typing import Protocol, runtime_checkable
+from dataclasses import replace
 
 import numpy as np
 
 from ada_core.config import AdvantageConfig, SamplerConfig
-from ada_core.occupancy import OccupancyMeter
-from ada_core.protocols import SamplingParams, Verifier
+from ada_core.protocols import BlockHandle, SamplingParams, StreamingRolloutEngine, StreamOutcome, Verifier
 from ada_core.records import Prompt, PromptPool, RolloutBatch, Sample
+from ada_core.sampling.rounds import DOWNSAMPLERS, EXIT_RULES, apply_verdict, check_prompts, finish_batch, make_group
+from ada_core.sampling.step_metrics import StepClock
 
 log = logging.getLogger(__name__)
 
@@ -47,41 +47,6 @@ log = logging.getLogger(__name__)
 # ---------------------------------------------------------------------------------------------------
 # The engine side: one sample per request, each with its own seed, each cancellable.
 # ---------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class StreamOutcome:
-    """What one sample ended with: the sample, or None when it was aborted first."""
-
-    sample: Sample | None
-    tokens: int
-    """Completion tokens the server generated for it (all of them, or up to the abort)."""
-
-
-class BlockHandle(Protocol):
-    futures: list[Future]
-    """One per sample of the block, in seed order; each resolves to a StreamOutcome as soon as that
-    sample is done (not when the block is), or raises the engine's error (a dead server)."""
-
-    def cancel(self) -> None:
-        """Abort the block's unfinished samples: their futures then resolve with sample=None. Idempotent."""
-
-
-@runtime_checkable
-class StreamingRolloutEngine(Protocol):
-    """An engine that can serve `sampler.schedule: streaming`. A pool of servers implements it by
-    handing each block to its least-loaded server; the schedule never sees which."""
-
-    concurrency: int
-    """Samples the engine can keep in flight at once: the schedule never asks for more."""
-    meter: OccupancyMeter
-
-    def submit(self, prompt: Prompt, seed: int, count: int, sampling: SamplingParams) -> BlockHandle:
-        """Start `count` samples of `prompt`, the k-th with seed `seed + k` (sampling.seed is ignored).
-
-        Sample identity depends on its seed only, never on the block it was sent in: vLLM gives copy
-        k of an n=count request with seed s exactly the sample of an n=1 request with seed s + k."""
-        ...
-
-
 def sample_seed(step_seed: int, prompt_id: str, j: int) -> int:
     """The seed of a prompt's j-th sample in a step: (a hash of the step seed and the prompt id) + j,
     so consecutive samples have consecutive seeds and can share one request. Independent of timing,
@@ -108,8 +73,6 @@ class StreamSchedule:
     """
 
     def __init__(self, num_prompts: int, cfg: SamplerConfig, window: int, capacity: int):
-        from ada_core.sampling import EXIT_RULES
-
         self.need_pos, self.need_neg = EXIT_RULES[cfg.exit_rule](cfg.n)
         self.n = cfg.n
         self.max_per_prompt = cfg.max_samples_per_prompt
@@ -228,11 +191,8 @@ def check_streaming_engine(engine) -> None:
 def run_streaming(cfg: SamplerConfig, advantage: AdvantageConfig, prompts: list[Prompt], engine, verifier: Verifier,
                   sampling: SamplingParams, rng: np.random.Generator) -> RolloutBatch:
     """One Ada step under the streaming schedule (the module docstring); same groups contract as rounds."""
-    from ada_core.sampler_metrics import StepClock
-    from ada_core.sampling import DOWNSAMPLERS, _check_prompts, _finish, apply_verdict, make_group
-
     clock = StepClock()
-    _check_prompts(prompts)
+    check_prompts(prompts)
     check_streaming_engine(engine)
     threshold = cfg.positive_threshold
     step_seed = int(rng.integers(0, 2**31 - 1))  # one draw, as a `rounds` engine call takes
@@ -353,14 +313,12 @@ def run_streaming(cfg: SamplerConfig, advantage: AdvantageConfig, prompts: list[
             if cfg.unresolved == "drop" or len(pool.samples) < cfg.n:
                 continue
         groups.append(make_group(pool, downsample(pool.samples, cfg.n, threshold, rng), advantage, threshold))
-    return _finish(pools, groups, clock, cfg, [cfg.exit_rule, "unresolved"])
+    return finish_batch(pools, groups, clock, cfg, [cfg.exit_rule, "unresolved"])
 
 
 def shortest_prefix(rewards: Sequence[float], cfg: SamplerConfig) -> int:
     """The pool size `streaming` commits for a prompt whose seeded samples score `rewards` (no cap):
     the shortest prefix meeting the exit rule and holding >= n, else the per-prompt maximum."""
-    from ada_core.sampling import EXIT_RULES
-
     need_pos, need_neg = EXIT_RULES[cfg.exit_rule](cfg.n)
     pos = 0
     for size, reward in enumerate(rewards[: cfg.max_samples_per_prompt], start=1):

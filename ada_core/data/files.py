@@ -1,148 +1,19 @@
-"""Prompt sets: seeded generators, loaders for the paper's datasets, and the train/eval split.
-
-Every prompt says how its answer is read from a completion in `meta["answer_format"]`:
-`plain` (the completion IS the answer: the tiny model's `a+b=`) or `boxed` (the last `\\boxed{}`).
-
-`load_prompts("arithmetic", 2048, seed=0)` generates; `load_prompts("chain_sum:2", ...)` generates
-reasoning-gym's chain_sum at curriculum level 2; `load_prompts("data/math500.parquet", ...)` loads a
-local parquet or jsonl file in one of the HF schemas below (auto-detected from its columns).
+"""Dataset file readers: local parquet or jsonl in one of the paper's HF schemas, auto-detected from the
+columns; every bad row fails with the file, the 1-based row and the field named.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
-import random
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ada_core.config import InputError
+from ada_core.errors import DatasetError, DatasetMissingError
 from ada_core.records import Prompt
-from ada_core.rewards import last_boxed
-
-
-
-class DatasetError(InputError, ValueError):
-    """A dataset cannot be used; the message names the file, the 1-based row and the field."""
-
-
-class DatasetMissingError(InputError, FileNotFoundError):
-    """A dataset file that does not exist."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Generators
-
-
-def arithmetic_prompts(size: int, seed: int, difficulty: int | None = None) -> list[Prompt]:
-    """`size` distinct `a+b=` problems; operands have 1..difficulty digits (default 3).
-
-    Each operand draws its digit count uniformly, then a value with that many digits (0-9 for one
-    digit), so short and long operands are equally common. `prompt.difficulty` is the larger
-    operand's digit count. Example: `Prompt(text="12+345=", answer="357", difficulty=3.0)`.
-    """
-    max_digits = 3 if difficulty is None else int(difficulty)
-    if not 1 <= max_digits <= 6:
-        raise DatasetError(f"arithmetic difficulty is the max operand digits, 1..6; got {difficulty}")
-    distinct = (10**max_digits) ** 2
-    if size > distinct:
-        raise DatasetError(f"arithmetic with up to {max_digits} digits has only {distinct} distinct problems; "
-                         f"asked for {size}")
-    rng = random.Random(seed)
-
-    def operand() -> int:
-        digits = rng.randint(1, max_digits)
-        return rng.randint(0 if digits == 1 else 10 ** (digits - 1), 10**digits - 1)
-
-    seen: set[tuple[int, int]] = set()
-    prompts = []
-    while len(prompts) < size:
-        a, b = operand(), operand()
-        if (a, b) in seen:
-            continue
-        seen.add((a, b))
-        prompts.append(Prompt(
-            id=f"arithmetic/d{max_digits}/s{seed}/{len(prompts)}",
-            text=f"{a}+{b}=",
-            answer=str(a + b),
-            source="arithmetic",
-            difficulty=float(max(len(str(a)), len(str(b)))),
-            meta={"answer_format": "plain"},
-        ))
-    return prompts
-
-
-# Maths tasks of reasoning-gym that run offline and whose answers math-verify parses.
-REASONING_GYM_TASKS = (
-    "basic_arithmetic", "chain_sum", "products", "gcd", "lcm", "simple_equations", "fraction_simplification",
-)
-
-
-def reasoning_gym_prompts(task: str, size: int, seed: int, difficulty: int | None = None) -> list[Prompt]:
-    """`size` distinct problems of a reasoning-gym task at curriculum level `difficulty` (default 0).
-
-    A level sets every curriculum attribute (terms, digits, ...) to that level or its top, in
-    reasoning-gym's inclusive mode: level 2 draws from levels 0-2. See `reasoning_gym_levels`.
-    """
-    from reasoning_gym.factory import DATASETS, create_curriculum
-
-    level = 0 if difficulty is None else int(difficulty)
-    top = reasoning_gym_levels(task)
-    if not 0 <= level <= top:
-        raise DatasetError(f"{task}: difficulty is a curriculum level 0..{top}; got {difficulty}")
-    curriculum = create_curriculum(task)
-    curriculum.set_global_level(level)
-    max_draws = 20 * size + 100
-    config = curriculum.generate_configuration({"seed": seed, "size": max_draws})
-    dataset = DATASETS[task][0](config=config)
-    seen: set[str] = set()
-    prompts = []
-    for idx in range(max_draws):
-        entry = dataset[idx]
-        question = entry["question"].strip()
-        if question in seen:
-            continue
-        seen.add(question)
-        prompts.append(Prompt(
-            id=f"{task}/L{level}/s{seed}/{idx}",
-            text=question,
-            answer=str(entry["answer"]).strip(),
-            source=f"reasoning_gym/{task}",
-            difficulty=float(level),
-            meta={"answer_format": "boxed", "level": level},
-        ))
-        if len(prompts) == size:
-            return prompts
-    raise DatasetError(f"{task} level {level}: found only {len(prompts)} distinct problems in {max_draws} draws; "
-                     f"asked for {size}")
-
-
-def reasoning_gym_levels(task: str) -> int:
-    """The highest curriculum level of a reasoning-gym task."""
-    if task not in REASONING_GYM_TASKS:
-        raise DatasetError(f"unknown reasoning-gym task {task!r}; choose from {list(REASONING_GYM_TASKS)}")
-    from reasoning_gym.factory import create_curriculum
-
-    return max(len(attr.levels) for attr in create_curriculum(task).attributes.values()) - 1
-
-
-GENERATORS: dict[str, Callable[..., list[Prompt]]] = {"arithmetic": arithmetic_prompts}
-for _task in REASONING_GYM_TASKS:
-    GENERATORS[_task] = lambda size, seed, difficulty=None, _t=_task: reasoning_gym_prompts(_t, size, seed, difficulty)
-
-
-def generate_prompts(name: str, size: int, seed: int, difficulty: int | None = None) -> list[Prompt]:
-    """Seeded prompts from a generator (`arithmetic` or a reasoning-gym task; `reasoning_gym/` optional)."""
-    key = name.removeprefix("reasoning_gym/")
-    if key not in GENERATORS:
-        raise DatasetError(f"unknown generator {name!r}; choose from {sorted(GENERATORS)}")
-    if size < 1:
-        raise DatasetError(f"{name}: size must be >= 1, got {size}")
-    return GENERATORS[key](size, seed, difficulty)
+from ada_core.rl.rewards import last_boxed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -332,7 +203,7 @@ def _record_batch(batch: dict[str, list], indices: list[int], name: str, path: s
 
 
 def _parquet_records(path: Path, name: str, columns: set[str]) -> dict[str, list]:
-    from ada_core.hf import RECORD_FEATURES, cached_map, load_parquet
+    from ada_core.data.hf import RECORD_FEATURES, cached_map, load_parquet
 
     # Read only what some schema uses: OpenR1's generations columns alone are gigabytes.
     wanted = {c for s in SCHEMAS.values() for c in (*s.text, s.answer, s.id, s.level, *s.meta) if c}
@@ -444,98 +315,3 @@ def _answer(row: dict, field: str, where: str) -> str:
             raise DatasetError(f"{where}: field '{field}' must hold non-empty strings")
         return ", ".join(v.strip() for v in value)  # several answers read as one tuple by math-verify
     return _required_str(row, field, where)
-
-
-# ---------------------------------------------------------------------------------------------
-# Digests: what MLflow's dataset inputs and the curation cache key on
-
-
-def data_digest(dataset: str) -> str:
-    """sha256 (first 16 hex) of a dataset file's bytes (a folder: its prompts.jsonl), or of a generator's name."""
-    path = Path(dataset).expanduser()
-    if path.is_dir():
-        path = path / "prompts.jsonl"
-    h = hashlib.sha256()
-    if path.is_file():
-        with path.open("rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    else:
-        h.update(dataset.encode())
-    return h.hexdigest()[:16]
-
-
-def prompts_digest(prompts: Sequence[Prompt]) -> str:
-    """sha256 (first 16 hex) of the prompts' ids, texts and answers, in order: the digest of one split."""
-    h = hashlib.sha256()
-    for p in prompts:  # length-prefixed fields: no two different lists of prompts share a byte stream
-        h.update(f"{len(p.id)}:{p.id}{len(p.text)}:{p.text}{len(p.answer)}:{p.answer}".encode())
-    return h.hexdigest()[:16]
-
-
-# ---------------------------------------------------------------------------------------------
-# Dispatch and split
-
-_LEVEL_SUFFIX = re.compile(r"^(?P<name>[\w/]+):(?P<level>\d+)$")
-
-
-def load_prompts(dataset: str, size: int | None = None, seed: int = 0) -> list[Prompt]:
-    """A generator name (optionally `name:level`), a dataset file, or a folder with `prompts.jsonl`.
-
-    Generators make exactly `size` prompts. Files give all rows, or a seeded sample of `size` of
-    them (in file order) when the file has more.
-    """
-    path = Path(dataset).expanduser()
-    if not path.exists():
-        match = _LEVEL_SUFFIX.match(dataset)
-        name, level = (match["name"], int(match["level"])) if match else (dataset, None)
-        if name.removeprefix("reasoning_gym/") in GENERATORS:
-            if size is None:
-                raise DatasetError(f"dataset {dataset!r} is a generator: give a size")
-            return generate_prompts(name, size, seed, difficulty=level)
-        raise DatasetError(
-            f"dataset {dataset!r}: no such file, and not a generator (choose from {sorted(GENERATORS)}, "
-            "optionally with :level)"
-        )
-    if path.is_dir():
-        path = path / "prompts.jsonl"
-    prompts = load_dataset_file(path)
-    if size is not None and size < len(prompts):
-        keep = sorted(random.Random(seed).sample(range(len(prompts)), size))
-        prompts = [prompts[i] for i in keep]
-    return prompts
-
-
-def split_prompts(prompts: Sequence[Prompt], eval_size: int, seed: int) -> tuple[list[Prompt], list[Prompt]]:
-    """A seeded `(train, eval)` split with disjoint ids; each keeps the input order."""
-    ids = [p.id for p in prompts]
-    if len(set(ids)) != len(ids):
-        dup = next(i for i in ids if ids.count(i) > 1)
-        raise DatasetError(f"cannot split: prompt id {dup!r} appears more than once")
-    if not 0 <= eval_size < len(prompts):
-        raise DatasetError(f"eval_size must be in [0, {len(prompts)}) for {len(prompts)} prompts; got {eval_size}")
-    held_out = set(random.Random(seed).sample(range(len(prompts)), eval_size))
-    train = [p for i, p in enumerate(prompts) if i not in held_out]
-    evals = [p for i, p in enumerate(prompts) if i in held_out]
-    return train, evals
-
-
-SFT_SEED_OFFSET = 1_000_003  # the SFT draw's seed, far from any seed a user picks
-SFT_DRAW_SIZE = 2048  # DESIGN.md's CPU calibration point warm-starts on ~2k prompts
-
-
-def warm_start_prompts(dataset: str, held_out: Sequence[Prompt], seed: int) -> list[Prompt]:
-    """A separate draw for the SFT warm start, with every held-out prompt (RL pool, eval set) removed.
-
-    Warm-starting on the RL prompts themselves memorises them: the tiny model then solves every
-    training prompt (all-correct groups, no gradient) while held-out accuracy stays low.
-    """
-    texts = {p.text for p in held_out}
-    draw = load_prompts(dataset, size=max(len(held_out), SFT_DRAW_SIZE), seed=seed + SFT_SEED_OFFSET)
-    sft = [p for p in draw if p.text not in texts]
-    if not sft:
-        raise DatasetError(
-            f"data.dataset {dataset!r}: no prompts left for the SFT warm start once the RL and eval prompts are "
-            "held out; use a larger dataset or sft_steps=0"
-        )
-    return sft

@@ -1,5 +1,5 @@
 """Budgeted allocation: a fixed number of samples per step, spent where a prompt's history says the
-signal is. The `budgeted` sampler (ada_core/sampling.py) runs one of the policies below.
+signal is. The `budgeted` sampler (ada_core/sampling/samplers.py) runs one of the policies below.
 
 GRPO spends n samples on every prompt; Reinforce-Ada spends several times that on the hard ones.
 Here the step has a hard budget (`sampler.budget`, default B * n = GRPO's samples per step, so
@@ -36,7 +36,7 @@ do better at B * n samples: f is concave and the posterior predictive of a promp
 uniform outcome, so moving samples from one prompt to another only lowers the expected count of
 mixed pools. Gains need history (a pool reused over epochs) or a curated prior.
 
-**Priors and forgetting.** A curated prompt (`meta["curation_k"]` set by ada_core.curation, with
+**Priors and forgetting.** A curated prompt (`meta["curation_k"]` set by ada_core.data.curation, with
 its measured pass rate in `prompt.difficulty`) starts from Beta(s/2 + w r k, s/2 + w (1 - r) k),
 w = `prior_weight`; any other prompt from Beta(s/2, s/2), s = `prior_strength` (1: Jeffreys' prior,
 which suits pass rates piled up near 0 and 1; 2: flat). Evidence from training decays by

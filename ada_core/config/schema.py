@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from ada_core.errors import InputError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
@@ -32,7 +33,7 @@ class SamplerConfig(_Strict):
         "fixed",
         description="Sampler: `fixed` = GRPO (n per prompt in one call), `dynamic_filter` = DAPO dynamic "
         "sampling, `ada` = Reinforce-Ada successive elimination, `budgeted` = a fixed per-step budget spent "
-        "by `allocation` (ada_core/allocation.py).",
+        "by `allocation` (ada_core/sampling/allocation.py).",
     )
     n: int = Field(4, ge=2, description="Final group size per prompt (samples trained on). Paper/ref: 4.")
     exit_rule: Literal["pos", "balance", "mixed"] = Field(
@@ -81,7 +82,7 @@ class SamplerConfig(_Strict):
         description="ada: `rounds` = one batched engine call per round, exits checked at the round's end "
         "(paper/ref); `streaming` = one request per sample, committed to its prompt's pool in index order "
         "with the exit checked after every sample and the prompt's outstanding samples aborted once it exits "
-        "(ada_core/streaming.py; needs rollout.engine: vllm). Same pools' rule, no round barrier. Ours.",
+        "(ada_core/sampling/streaming.py; needs rollout.engine: vllm). Same pools' rule, no round barrier. Ours.",
     )
     window: int = Field(
         8,
@@ -90,7 +91,7 @@ class SamplerConfig(_Strict):
         "starves the server, too large wastes tokens on aborted samples; 8 minimised generation time at the "
         "paper's scale in our server model (docs/BENCHMARKS.md `## Streaming elimination`). Ours.",
     )
-    # budgeted (ada_core/allocation.py); ours, after Knapsack RL, VIP, GRESO and MoPPS.
+    # budgeted (ada_core/sampling/allocation.py); ours, after Knapsack RL, VIP, GRESO and MoPPS.
     allocation: Literal["posterior", "elimination"] = Field(
         "posterior",
         description="budgeted: `posterior` = greedy by marginal gain in expected mixed pools, one engine call; "
@@ -161,7 +162,7 @@ class SamplerConfig(_Strict):
 class AdvantageConfig(_Strict):
     name: Literal["grpo", "group_mean", "global_mean", "global_mean_std", "rloo"] = Field(
         "grpo",
-        description="Advantage estimator (registry in ada_core.advantages). Ada ref: global_mean (pool mean "
+        description="Advantage estimator (registry in ada_core.rl.advantages). Ada ref: global_mean (pool mean "
         "baseline, no std); GRPO: grpo (group mean/std).",
     )
     eps: float = Field(1e-6, gt=0.0, description="Added to the std; also the zero-variance tolerance.")
@@ -305,7 +306,7 @@ class DataConfig(_Strict):
 
 
 class LedgerConfig(_Strict):
-    """The prompt ledger (ada_core/ledger.py): one SQL row per (run, step, prompt drawn)."""
+    """The prompt ledger (ada_core/run/ledger.py): one SQL row per (run, step, prompt drawn)."""
 
     enabled: bool = Field(True, description="Write the prompt ledger. Ours: on.")
     url: str | None = Field(
@@ -323,7 +324,7 @@ class LedgerConfig(_Strict):
 
 
 class CheckpointConfig(_Strict):
-    """What `checkpoint_every` writes is kept and checked (ada_core/checkpoints.py)."""
+    """What `checkpoint_every` writes is kept and checked (ada_core/run/checkpoints.py)."""
 
     keep_last: int = Field(
         3, ge=0, description="Checkpoints kept on disk; older ones are deleted after each save, never the newest "
@@ -537,13 +538,6 @@ def build_config(
     if overrides:
         merged = deep_merge(merged, overrides)
     return validate_config(merged)
-
-
-class InputError(Exception):
-    """Bad user input (a config, a YAML file, a dataset): the message names the file, row and field.
-
-    The CLI turns every one into the same clean message and exit code (`ada_core.cli.INPUT_ERROR_EXIT`).
-    """
 
 
 class ConfigError(InputError, ValueError):

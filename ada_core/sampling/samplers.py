@@ -19,10 +19,10 @@ chosen by `SamplerConfig.name`, answer this differently:
       group = downsample(pool, n); advantages = estimator(group rewards, WHOLE pool rewards)
 
 - `budgeted` (ours, beyond the paper): GRPO's B x n samples a step (or `sampler.budget`), spent by a
-  history-informed allocation policy; `BudgetedSampler` below and ada_core/allocation.py.
+  history-informed allocation policy; `BudgetedSampler` below and ada_core/sampling/allocation.py.
 
 Every sampler draws through `draw_and_score` (one engine call plus the verifier, with the input
-checks) and reports `ada_core.sampler_metrics.step_metrics`. The rng passed to `sample` seeds
+checks) and reports `ada_core.sampling.step_metrics.step_metrics`. The rng passed to `sample` seeds
 every engine call and every downsampling draw, so a step is reproducible given its rng.
 """
 
@@ -30,168 +30,23 @@ from __future__ import annotations
 
 import logging
 import math
-import numbers
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ada_core import metrics as mk
-from ada_core.advantages import compute_advantages
-from ada_core.allocation import PromptHistory, greedy_allocation, mixed_prob, select_prompts, step_budget
 from ada_core.config import AdvantageConfig, SamplerConfig
-from ada_core.protocols import PromptSource, RolloutEngine, SamplingParams, Verifier
-from ada_core.records import Group, Prompt, PromptPool, RolloutBatch, Sample, VerifierStatus
-from ada_core.sampler_metrics import StepClock, step_metrics
+from ada_core.data.source import PromptSource
+from ada_core.protocols import RolloutEngine, SamplingParams, Verifier
+from ada_core.records import Group, Prompt, PromptPool, RolloutBatch
+from ada_core.sampling.allocation import PromptHistory, greedy_allocation, mixed_prob, select_prompts, step_budget
+from ada_core.sampling.rounds import (DOWNSAMPLERS, allocate_round, check_prompts, draw_and_score, finish_batch, has_exited,
+                                     make_group)
+from ada_core.sampling.step_metrics import StepClock
+from ada_core.sampling.streaming import run_streaming
+
 
 log = logging.getLogger(__name__)
-
-
-# ---------------------------------------------------------------------------------------------------
-# One round: a single batched engine call, then the verifier, with every input checked.
-# ---------------------------------------------------------------------------------------------------
-def draw_and_score(
-    requests: Sequence[tuple[Prompt, int]],
-    round_index: int,
-    engine: RolloutEngine,
-    verifier: Verifier,
-    sampling: SamplingParams,
-    rng: np.random.Generator,
-    clock: StepClock,
-) -> list[list[Sample]]:
-    """Draw k samples for each (prompt, k) in one engine call, score them, and tag them with the round.
-
-    The call's seed is drawn from `rng`, so the same rng gives the same samples. Raises ValueError,
-    naming the prompt, when the engine or the verifier returns the wrong count or a reward is not a
-    finite number.
-    """
-    params = replace(sampling, seed=int(rng.integers(0, 2**31 - 1)))
-    meter = getattr(engine, "meter", None)  # engines that know their occupancy (ada_core/occupancy.py)
-    before = meter.read() if meter is not None else None
-    t0 = time.perf_counter()
-    drawn = engine.generate(list(requests), params)
-    clock.generate_s += time.perf_counter() - t0
-    if before is not None:
-        after = meter.read()
-        clock.below_capacity_s = (clock.below_capacity_s or 0.0) + after.below_s - before.below_s
-        clock.metered_s += after.at - before.at
-        clock.slot_s += after.slot_s - before.slot_s
-        clock.capacity = meter.capacity
-    if len(drawn) != len(requests):
-        raise ValueError(f"engine returned {len(drawn)} sample lists for {len(requests)} requests (round {round_index})")
-    for (prompt, k), samples in zip(requests, drawn):
-        if len(samples) != k:
-            raise ValueError(f"engine returned {len(samples)} samples for prompt {prompt.id!r}, expected {k}")
-        for s in samples:
-            if s.prompt_id != prompt.id:
-                raise ValueError(f"engine returned a sample of prompt {s.prompt_id!r} for prompt {prompt.id!r}")
-
-    items = [(prompt, s.text) for (prompt, _), samples in zip(requests, drawn) for s in samples]
-    t0 = time.perf_counter()
-    verdicts = verifier.verify(items)
-    clock.reward_s += time.perf_counter() - t0
-    if len(verdicts) != len(items):
-        ids = sorted({p.id for p, _ in requests})
-        shown = ids[:5] + (["..."] if len(ids) > 5 else [])
-        raise ValueError(
-            f"verifier returned {len(verdicts)} verdicts for {len(items)} completions "
-            f"(round {round_index}, prompts {shown})"
-        )
-    for (prompt, _), sample, verdict in zip(items, (s for ss in drawn for s in ss), verdicts):
-        apply_verdict(prompt, sample, verdict, round_index)
-    return drawn
-
-
-def apply_verdict(prompt: Prompt, sample: Sample, verdict, round_index: int) -> None:
-    """Fill in the sample's reward, status and round; raise ValueError, naming the prompt, on a bad verdict."""
-    reward, status = verdict.reward, verdict.status
-    if type(reward) is not float:  # the common case skips the slower checks
-        if isinstance(reward, (str, bytes)) or not isinstance(reward, (numbers.Real, np.bool_)):
-            raise ValueError(f"verifier gave prompt {prompt.id!r} a non-numeric reward {reward!r}")
-        reward = float(reward)
-    if not math.isfinite(reward):
-        raise ValueError(f"verifier gave prompt {prompt.id!r} a non-finite reward {reward!r}")
-    if type(status) is not VerifierStatus:
-        try:
-            status = VerifierStatus(status)
-        except ValueError:
-            raise ValueError(f"verifier gave prompt {prompt.id!r} an unknown status {status!r}") from None
-    sample.reward, sample.status, sample.round = reward, status, round_index
-
-
-# ---------------------------------------------------------------------------------------------------
-# Exit rules and downsampling, each chosen by name.
-# ---------------------------------------------------------------------------------------------------
-# An exit rule says how many positives and negatives a pool needs before its prompt stops sampling.
-EXIT_RULES = {
-    "pos": lambda n: (1, 0),
-    "balance": lambda n: (n // 2, n - n // 2),
-    "mixed": lambda n: (1, 1),  # the fewest for a nonzero advantage; the budgeted sampler's rule
-}
-
-
-def has_exited(pool: PromptPool, rule: str, n: int, threshold: float) -> bool:
-    """True when the pool meets `rule` AND holds at least n samples (so it can fill a group).
-
-    The size condition only matters for `pos` with M0 or M below n; the reference setting has M >= n.
-    """
-    need_pos, need_neg = EXIT_RULES[rule](n)
-    pos = pool.num_positive(threshold)
-    return len(pool.samples) >= n and pos >= need_pos and len(pool.samples) - pos >= need_neg
-
-
-def downsample_balanced(samples: list[Sample], n: int, threshold: float, rng: np.random.Generator) -> list[Sample]:
-    """A seeded random n of the pool: n//2 positives and n - n//2 negatives, the shortfall of one class
-    filled from the other. Returned in draw order.
-
-    Pool 2 positives + 10 negatives, n = 4 -> both positives and 2 random negatives.
-    Pool 1 positive + 10 negatives, n = 4 -> the positive and 3 random negatives.
-    """
-    shuffled = rng.permutation(len(samples)).tolist()  # random, not the reference code's first-k
-    pos = [i for i in shuffled if samples[i].reward > threshold]  # type: ignore[operator]
-    neg = [i for i in shuffled if not samples[i].reward > threshold]  # type: ignore[operator]
-    take_pos = min(len(pos), max(n // 2, n - len(neg)))
-    return [samples[i] for i in sorted(pos[:take_pos] + neg[: n - take_pos])]
-
-
-def downsample_random(samples: list[Sample], n: int, threshold: float, rng: np.random.Generator) -> list[Sample]:
-    """A uniform seeded random n of the pool, returned in draw order."""
-    return [samples[i] for i in sorted(rng.permutation(len(samples))[:n].tolist())]
-
-
-DOWNSAMPLERS = {"balanced": downsample_balanced, "random": downsample_random}
-
-
-def allocate_round(want: int, pool_sizes: list[int], remaining: int | None) -> list[int]:
-    """Samples for each active prompt this round, shrunk to fit a global cap of `remaining` samples.
-
-    Under the cap every prompt gets `remaining // A`; the spare ones go to the prompts with the fewest
-    samples so far, ties to the earlier prompt: deterministic and fair across rounds.
-    want 8, pool sizes [8, 0, 8], remaining 10 -> [3, 4, 3].
-    """
-    if remaining is None or want * len(pool_sizes) <= remaining:
-        return [want] * len(pool_sizes)
-    base, spare = divmod(remaining, len(pool_sizes))
-    alloc = [base] * len(pool_sizes)
-    for j in sorted(range(len(pool_sizes)), key=lambda j: (pool_sizes[j], j))[:spare]:
-        alloc[j] += 1
-    return alloc
-
-
-def make_group(pool: PromptPool, samples: list[Sample], advantage: AdvantageConfig, threshold: float) -> Group:
-    """The trained group: `samples` with advantages computed against the WHOLE pool's rewards."""
-    pool_rewards = pool.rewards()
-    group_rewards = [s.reward for s in samples]
-    return Group(
-        prompt=pool.prompt,
-        samples=samples,
-        advantages=compute_advantages(advantage.name, group_rewards, pool_rewards, advantage.eps),
-        pool_size=len(pool_rewards),
-        pool_positives=sum(r > threshold for r in pool_rewards),
-        p_hat=sum(pool_rewards) / len(pool_rewards),
-        exit_reason=pool.exit_reason,
-    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -214,14 +69,14 @@ class FixedSampler:
         source: PromptSource | None = None,
     ) -> RolloutBatch:
         clock = StepClock()
-        _check_prompts(prompts)
+        check_prompts(prompts)
         pools = [PromptPool(p, exit_reason="fixed", rounds=1) for p in prompts]
         clock.active_per_round.append(len(pools))
         drawn = draw_and_score([(p, self.cfg.n) for p in prompts], 0, engine, verifier, sampling, rng, clock)
         for pool, samples in zip(pools, drawn):
             pool.samples.extend(samples)
         groups = [make_group(pool, pool.samples, self.advantage, self.cfg.positive_threshold) for pool in pools]
-        return _finish(pools, groups, clock, self.cfg, ["fixed"])
+        return finish_batch(pools, groups, clock, self.cfg, ["fixed"])
 
 
 @dataclass
@@ -247,7 +102,7 @@ class DynamicFilterSampler:
         source: PromptSource | None = None,
     ) -> RolloutBatch:
         clock = StepClock()
-        _check_prompts(prompts)
+        check_prompts(prompts)
         if source is None and self.cfg.max_gen_batches > 1:
             raise ValueError("sampler.name=dynamic_filter needs a PromptSource (`source=`) to draw extra batches")
         target, batch = len(prompts), list(prompts)
@@ -274,7 +129,7 @@ class DynamicFilterSampler:
                 len(groups), target, self.cfg.max_gen_batches, " (none: the trainer skips this step)" if not groups else "",
             )
         extra = {mk.SAMPLER_FELL_BACK: float(fell_back), mk.SAMPLER_GEN_BATCHES: float(len(clock.active_per_round))}
-        return _finish(pools, groups, clock, self.cfg, ["varied", "uniform"], extra)
+        return finish_batch(pools, groups, clock, self.cfg, ["varied", "uniform"], extra)
 
 
 @dataclass
@@ -293,12 +148,10 @@ class AdaSampler:
         rng: np.random.Generator,
         source: PromptSource | None = None,
     ) -> RolloutBatch:
-        if self.cfg.schedule == "streaming":  # per-sample exits with aborts: ada_core/streaming.py
-            from ada_core.streaming import run_streaming
-
+        if self.cfg.schedule == "streaming":  # per-sample exits with aborts: ada_core/sampling/streaming.py
             return run_streaming(self.cfg, self.advantage, prompts, engine, verifier, sampling, rng)
         clock = StepClock()
-        _check_prompts(prompts)
+        check_prompts(prompts)
         cfg, threshold = self.cfg, self.cfg.positive_threshold
         pools = [PromptPool(p) for p in prompts]
         active = list(range(len(pools)))
@@ -337,13 +190,13 @@ class AdaSampler:
                 if cfg.unresolved == "drop" or len(pool.samples) < cfg.n:
                     continue
             groups.append(make_group(pool, downsample(pool.samples, cfg.n, threshold, rng), self.advantage, threshold))
-        return _finish(pools, groups, clock, cfg, [cfg.exit_rule, "unresolved"])
+        return finish_batch(pools, groups, clock, cfg, [cfg.exit_rule, "unresolved"])
 
 
 @dataclass
 class BudgetedSampler:
     """A fixed budget of samples per step (`sampler.budget`, default B x n), spent by an allocation
-    policy that remembers every prompt across steps (ada_core/allocation.py explains both).
+    policy that remembers every prompt across steps (ada_core/sampling/allocation.py explains both).
 
         forced, candidates = select_prompts(...)      exploration floor first; skip confident 0s and 1s
         posterior:   alloc = greedy_allocation(...)   ONE engine call, k_i in {0} or [n, cap]
@@ -378,7 +231,7 @@ class BudgetedSampler:
         source: PromptSource | None = None,
     ) -> RolloutBatch:
         clock = StepClock()
-        _check_prompts(prompts)
+        check_prompts(prompts)
         cfg, n, threshold, history = self.cfg, self.cfg.n, self.cfg.positive_threshold, self.history
         budget = step_budget(cfg.budget, len(prompts), n)
         cap = cfg.max_samples_per_prompt
@@ -425,7 +278,7 @@ class BudgetedSampler:
         history.end_step()
         extra = {mk.SAMPLER_BUDGET: float(budget), mk.SAMPLER_FORCED: float(len(forced)),
                  mk.SAMPLER_EXPECTED_INFORMATIVE: expected}
-        return _finish(pools, groups, clock, cfg, ["mixed", "unresolved", "skipped"], extra, needed=(1, 1))
+        return finish_batch(pools, groups, clock, cfg, ["mixed", "unresolved", "skipped"], extra, needed=(1, 1))
 
     @staticmethod
     def _draw(pools, requests, round_index, engine, verifier, sampling, rng, clock) -> None:
@@ -450,24 +303,3 @@ def make_sampler(sampler_cfg: SamplerConfig, advantage_cfg: AdvantageConfig) -> 
     if sampler_cfg.name not in SAMPLERS:
         raise ValueError(f"sampler.name: unknown sampler {sampler_cfg.name!r}; choose from {sorted(SAMPLERS)}")
     return SAMPLERS[sampler_cfg.name](sampler_cfg, advantage_cfg)
-
-
-def _check_prompts(prompts: Sequence[Prompt]) -> None:
-    if not prompts:
-        raise ValueError("sampler got no prompts: a step needs at least one")
-    ids = [p.id for p in prompts]
-    if len(set(ids)) != len(ids):
-        dup = sorted({i for i in ids if ids.count(i) > 1})[:5]
-        raise ValueError(f"sampler got duplicate prompt ids {dup}: each prompt appears once per step")
-
-
-def _finish(pools, groups, clock, cfg: SamplerConfig, exit_reasons, extra=None, needed=None) -> RolloutBatch:
-    """Wrap the kept groups with the step's metrics (ada_core.sampler_metrics) and every pool."""
-    if needed is None:
-        needed = EXIT_RULES[cfg.exit_rule](cfg.n) if cfg.name == "ada" else (0, 0)
-    metrics = step_metrics(pools, groups, clock, cfg.positive_threshold, exit_reasons, needed)
-    metrics.update(extra or {})
-    metrics[mk.SAMPLER_TIME_S] = clock.bookkeeping_s()  # last, so it includes computing the metrics
-    return RolloutBatch(groups=groups, metrics=mk.check_keys(metrics), pools=pools)
-
-

@@ -244,7 +244,7 @@ class _Worker:
     def __init__(self, memory_limit_mb: int | None):
         parent_sock, child_sock = socket.socketpair()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        code = f"from ada_core.rewards import _worker_main; _worker_main({child_sock.fileno()}, {memory_limit_mb!r})"
+        code = f"from ada_core.rl.rewards import _worker_main; _worker_main({child_sock.fileno()}, {memory_limit_mb!r})"
         self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(child_sock.fileno(),), env=env)
         child_sock.close()
         self.conn = Connection(parent_sock.detach())

@@ -1,4 +1,4 @@
-"""Alembic environment of the prompt ledger. `ada_core.ledger.migrate` hands it an open connection.
+"""Alembic environment of the prompt ledger. `ada_core.run.ledger.migrate` hands it an open connection.
 
 The version table is `ada_ledger_alembic_version`, not Alembic's default `alembic_version`, so the
 ledger can share a database with MLflow (whose own Alembic history uses the default name).
@@ -6,7 +6,7 @@ ledger can share a database with MLflow (whose own Alembic history uses the defa
 
 from alembic import context
 
-from ada_core.ledger import VERSION_TABLE
+from ada_core.run.ledger import VERSION_TABLE
 
 connection = context.config.attributes["connection"]
 context.configure(connection=connection, version_table=VERSION_TABLE)

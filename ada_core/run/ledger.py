@@ -7,7 +7,7 @@ prompts never resolve, how pass rates move as the policy learns, what a budgeted
 - Where: SQLite at `$ADA_HOME/ledger.db` by default; any SQLAlchemy URL (PostgreSQL for teams)
   through `ledger.url` or `$ADA_LEDGER_URL`. Credentials belong in the environment
   (`$ADA_LEDGER_URL`, `PGPASSWORD`), never in the config: it is logged as run parameters.
-- Schema: created and upgraded by Alembic (ada_core/ledger_migrations, version table
+- Schema: created and upgraded by Alembic (ada_core/run/ledger_migrations, version table
   `ada_ledger_alembic_version`) the first time a run opens the database. A new migration is one
   more file in ledger_migrations/versions/ with `down_revision` set to the previous one.
 - Writes: the trainer hands each step's pools to `Ledger.record` after the update (one queue put);

@@ -4,15 +4,9 @@ One step: prompts -> sampler (engine + verifier) -> advantages -> update -> weig
 steps it evaluates, every C steps it checkpoints. `train` is the only loop; the Prefect flow passes
 task-wrapped versions of the same step functions through `StepFunctions`, so there is no second one.
 
-Run directory layout:
-    config.yaml            the validated TrainConfig
-    metrics.jsonl          one line per step (and per evaluation), keys from ada_core.metrics
-    generations.jsonl      sampled eval generations every E steps
-    checkpoints/step_N/    hf/ weights + tokenizer, optimizer/, trainer_state.json, MANIFEST.json
-                           (sha256 of every file), COMPLETE marker; the newest `checkpoint.keep_last` kept
-    ledger.json            the prompt ledger's run id and database (ada_core/ledger.py)
+The run folder's files are named and read in ada_core/run/files.py.
 
-Resume takes the newest checkpoint whose files match their manifest (ada_core/checkpoints.py) and
+Resume takes the newest checkpoint whose files match their manifest (ada_core/run/checkpoints.py) and
 trims every per-step file (metrics.jsonl, generations.jsonl) back to its step.
 """
 
@@ -34,19 +28,19 @@ import yaml
 from tqdm.auto import tqdm
 
 from ada_core import metrics as K
-from ada_core.checkpoints import (
-    COMPLETE, CheckpointChoice, latest_good_checkpoint, mark_complete, prune_checkpoints, read_jsonl, trim_jsonl,
-)
 from ada_core.config import TrainConfig
-from ada_core.data import DatasetError, load_prompts, split_prompts, warm_start_prompts
-from ada_core.engines.rank_group import build_update_engine
-from ada_core.engines.transformers_engine import TransformersRolloutEngine
-from ada_core.ledger import Ledger
+from ada_core.data import load_prompts, split_prompts, warm_start_prompts
+from ada_core.data.source import PromptSource
+from ada_core.engines.factory import build_rollout_engine, build_update_engine
+from ada_core.errors import DatasetError
 from ada_core.models import encode_prompts, load_policy, resolve_model, sft_warm_start
-from ada_core.protocols import PromptSource, RolloutEngine, SamplingParams, UpdateEngine
+from ada_core.protocols import RolloutEngine, SamplingParams, UpdateEngine
 from ada_core.records import Prompt, RolloutBatch
-from ada_core.rewards import MathVerifier
-from ada_core.run_dir import check_run_dir, claim_run_dir
+from ada_core.rl.rewards import MathVerifier
+from ada_core.run import files
+from ada_core.run.checkpoints import CheckpointChoice, NoCheckpoint, latest_good_checkpoint, mark_complete, prune_checkpoints
+from ada_core.run.folder import check_run_dir, claim_run_dir
+from ada_core.run.ledger import Ledger
 from ada_core.sampling import make_sampler
 
 log = logging.getLogger(__name__)
@@ -93,9 +87,7 @@ class RunState:
             if self.ledger is not None:
                 self.ledger.close()
             self.verifier.close()
-            close = getattr(self.rollout, "close", None)  # the vLLM engine stops its server
-            if close is not None:
-                close()
+            self.rollout.close()  # the vLLM engine stops its server
         finally:
             self.updater.close()  # a rank group stops its actors (and the Ray it started)
 
@@ -123,7 +115,7 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
           overwrite: bool = False) -> RunState:
     """Build models, data and engines; with `resume`, restore the newest good checkpoint of that run.
 
-    `output_dir` must not hold another run (`ada_core.run_dir`): resume it, or `overwrite` to move the
+    `output_dir` must not hold another run (`ada_core.run.folder`): resume it, or `overwrite` to move the
     old run aside first. Bad input (dataset, config) raises an `InputError` before the folder is
     claimed, so nothing is written or moved.
     """
@@ -132,7 +124,8 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
     checkpoint = choice.path if choice is not None else None
     if resume and checkpoint is None:
         detail = "".join(f"; {p.name}: {why}" for p, why in choice.rejected)
-        raise FileNotFoundError(f"--resume {resume}: no complete checkpoint under {Path(resume) / 'checkpoints'}{detail}")
+        raise NoCheckpoint(f"--resume {resume}: no complete checkpoint under {Path(resume) / files.CHECKPOINTS}{detail}",
+                           damaged=bool(choice.rejected))
     if choice is not None and choice.rejected:
         log.warning("--resume %s: %s", resume, choice.describe())
     check_run_dir(output_dir, resume=resume, overwrite=overwrite)  # refuse early; claimed once inputs are read
@@ -179,7 +172,7 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
         sampler=make_sampler(config.sampler, config.advantage),
     )
     try:
-        (output_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(), sort_keys=False))
+        (output_dir / files.CONFIG).write_text(yaml.safe_dump(config.model_dump(), sort_keys=False))
         if checkpoint is not None:
             _restore(state, checkpoint)
         if config.ledger.enabled:
@@ -208,22 +201,6 @@ def _encode_within_limit(tokenizer, train: list[Prompt], evals: list[Prompt],
     return kept_train, kept_eval, skipped
 
 
-def build_rollout_engine(config: TrainConfig, model_dir: Path, updater: UpdateEngine, tokenizer, output_dir: Path,
-                         weight_version: int = 0) -> RolloutEngine:
-    """The configured rollout engine. `transformers` shares the update engine's module (with N ranks,
-    each rank samples its share on its own copy); `vllm` launches a server on `model_dir` (the run's
-    current weights), or attaches to `rollout.vllm.base_url` and loads the module's weights into it, so
-    either way the server starts at `weight_version`."""
-    if config.rollout.engine == "transformers":
-        across_ranks = getattr(updater, "rollout_engine", None)
-        if across_ranks is not None:
-            return across_ranks()
-        return TransformersRolloutEngine(updater.module, tokenizer, micro_batch_size=config.rollout.micro_batch_size)
-    from ada_core.engines.vllm_engine import VLLMRolloutEngine
-
-    return VLLMRolloutEngine.from_config(config, model_dir, updater.module, output_dir, weight_version=weight_version)
-
-
 def rollout_step(state: RunState) -> RolloutBatch:
     """Draw this step's prompts and run the configured sampler over them."""
     sampler = state.sampler or make_sampler(state.config.sampler, state.config.advantage)
@@ -236,20 +213,17 @@ def update_step(state: RunState, batch: RolloutBatch) -> dict[str, float]:
 
     An engine in another process (vLLM) gets the new weights once here, as weight version
     `step + 1`; with sleep mode it also sleeps through the update (sleep and wake-up count as sync
-    time). The in-process engine shares the weights and needs nothing."""
+    time). The in-process engine shares the weights: its sleep, wake-up and sync are no-ops."""
     rollout = state.rollout
-    sync = getattr(rollout, "sync_weights", None)
     start = time.perf_counter()
-    if sync is not None:
-        rollout.sleep()
+    rollout.sleep()
     sleep_s = time.perf_counter() - start
     start = time.perf_counter()
     metrics = state.updater.update(batch.groups)
     metrics[K.TIME_UPDATE_S] = time.perf_counter() - start
     start = time.perf_counter()
-    if sync is not None:
-        rollout.wake_up()
-        metrics.update(sync(state.updater.module, version=state.step + 1))
+    rollout.wake_up()
+    metrics.update(rollout.sync_weights(state.updater.module, version=state.step + 1))
     metrics[K.TIME_SYNC_S] = sleep_s + time.perf_counter() - start
     return metrics
 
@@ -271,7 +245,7 @@ def evaluate(state: RunState) -> dict[str, float]:
          "reward": v.reward, "status": v.status.value}
         for (p, s), v in zip(flat, verdicts)
     ]
-    with open(state.output_dir / "generations.jsonl", "a") as fh:
+    with open(state.output_dir / files.GENERATIONS, "a") as fh:
         for row in rows[: 8 * k]:
             fh.write(json.dumps(row) + "\n")
     return {K.EVAL_AVG_AT_K: float(correct.mean()), K.EVAL_PASS_AT_K: float(correct.any(axis=1).mean())}
@@ -296,7 +270,7 @@ def save_checkpoint(state: RunState) -> Path:
         "source": state.source.state_dict(),
         "numpy_rng": state.rng.bit_generator.state,
         "python_rng": _jsonable(random.getstate()),
-        "sampler": state.sampler.state_dict() if hasattr(state.sampler, "state_dict") else None,
+        "sampler": state.sampler.state_dict(),
         "ledger": state.ledger.state_dict() if state.ledger is not None else None,
     }
     (tmp / "trainer_state.json").write_text(json.dumps(trainer_state))
@@ -321,14 +295,6 @@ def _checkpoint_step(checkpoint: Path) -> int:
     return int(json.loads((checkpoint / "trainer_state.json").read_text())["step"])
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest checkpoint with its COMPLETE marker; half-written ones are ignored. Not hashed:
-    use `ada_core.checkpoints.latest_good_checkpoint` where the files must be checked (resume)."""
-    root = run_dir / "checkpoints"
-    done = sorted(p for p in root.glob("step_*") if (p / COMPLETE).is_file()) if root.is_dir() else []
-    return done[-1] if done else None
-
-
 def _restore(state: RunState, checkpoint: Path) -> None:
     saved = json.loads((checkpoint / "trainer_state.json").read_text())
     state.step = int(saved["step"])
@@ -337,12 +303,12 @@ def _restore(state: RunState, checkpoint: Path) -> None:
     state.source.load_state_dict(saved["source"])
     state.rng.bit_generator.state = saved["numpy_rng"]
     random.setstate(_python_rng(saved["python_rng"]))
-    if saved.get("sampler") is not None and hasattr(state.sampler, "load_state_dict"):
+    if saved.get("sampler") is not None:
         state.sampler.load_state_dict(saved["sampler"])
     torch.set_rng_state(torch.load(checkpoint / "torch_rng.pt"))
     state.updater.load(checkpoint / "optimizer")
-    for name in PER_STEP_FILES:
-        trim_jsonl(checkpoint.parents[1] / name, state.output_dir / name, state.step)
+    for name in files.PER_STEP_FILES:
+        files.trim_jsonl(checkpoint.parents[1] / name, state.output_dir / name, state.step)
     log.info("resumed from %s at step %d", checkpoint, state.step)
 
 
@@ -369,7 +335,7 @@ def run_steps(state: RunState, steps: StepFunctions = DEFAULT_STEPS, callbacks: 
     cfg = state.config
     callbacks = callbacks or Callbacks()
     last: dict[str, float] = {}
-    metrics_path = state.output_dir / "metrics.jsonl"
+    metrics_path = state.output_dir / files.METRICS
     bar = tqdm(total=cfg.steps, initial=state.step, desc=f"{cfg.preset}", unit="step", dynamic_ncols=True)
     try:
         while state.step < cfg.steps:
@@ -384,7 +350,7 @@ def run_steps(state: RunState, steps: StepFunctions = DEFAULT_STEPS, callbacks: 
             if state.ledger is not None:  # queued here, written by the ledger's thread
                 state.ledger.record(state.step, batch.pools, {g.prompt.id for g in batch.groups})
             last = step_metrics(state, batch, update, step_s)
-            _append_jsonl(metrics_path, {"step": state.step, **last})
+            files.append_jsonl(metrics_path, {"step": state.step, **last})
             if callbacks.on_step:
                 callbacks.on_step(state.step, last)
             if cfg.eval_every > 0 and (state.step % cfg.eval_every == 0 or state.step == cfg.steps):
@@ -403,9 +369,9 @@ def run_steps(state: RunState, steps: StepFunctions = DEFAULT_STEPS, callbacks: 
 
 def _run_eval(state: RunState, steps: StepFunctions, callbacks: Callbacks, metrics_path: Path) -> dict[str, float]:
     result = steps.evaluate(state)
-    _append_jsonl(metrics_path, {"step": state.step, **result})
+    files.append_jsonl(metrics_path, {"step": state.step, **result})
     if callbacks.on_eval:
-        callbacks.on_eval(state.step, result, _read_generations(state.output_dir, state.step))
+        callbacks.on_eval(state.step, result, files.read_generations(state.output_dir, state.step))
     return result
 
 
@@ -418,22 +384,6 @@ def train(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
         return run_steps(state, steps, callbacks)
     finally:
         state.close()
-
-
-PER_STEP_FILES = ("metrics.jsonl", "generations.jsonl")  # rows keyed by "step"; trimmed on resume
-
-
-def read_metrics(run_dir: str | Path) -> list[dict[str, float]]:
-    return read_jsonl(Path(run_dir) / "metrics.jsonl")
-
-
-def _read_generations(run_dir: Path, step: int) -> list[dict[str, Any]]:
-    return [r for r in read_jsonl(run_dir / "generations.jsonl") if r["step"] == step]
-
-
-def _append_jsonl(path: Path, row: dict[str, Any]) -> None:
-    with open(path, "a") as fh:
-        fh.write(json.dumps(row) + "\n")
 
 
 def _seed_everything(seed: int) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ada_core.config import InputError
+from ada_core.errors import InputError
 
 # What marks a folder as holding a run: any one of these is enough.
 RUN_FILES = ("config.yaml", "metrics.jsonl", "generations.jsonl")

@@ -68,7 +68,7 @@ def dedup(prompts: Sequence[Prompt]) -> tuple[list[Prompt], dict[str, Any]]:
     second curation of the same pool skips the regexes.
     """
     from ada_core.data import prompts_digest
-    from ada_core.hf import text_keys
+    from ada_core.data.hf import text_keys
 
     keys = text_keys(prompts, normalise_text, prompts_digest(prompts)) if prompts else []
     first: dict[str, str] = {}
@@ -207,7 +207,7 @@ def save_curated(result: CurationResult, directory: str | Path) -> Path:
     file its digest is taken of); `dataset/` holds the same records as an Arrow dataset written by
     `save_to_disk` (meta as JSON), for `datasets.load_from_disk` and notebooks.
     """
-    from ada_core.hf import save_prompts
+    from ada_core.data.hf import save_prompts
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,15 +1,13 @@
 """Checkpoints you can trust: a sha256 manifest, verification on load, fallback and pruning.
 
 A checkpoint folder `checkpoints/step_N/` is written in a temporary folder and renamed into place
-(ada_core.trainer.save_checkpoint). Inside it, `MANIFEST.json` lists every file's size and sha256
+(ada_core.training.save_checkpoint). Inside it, `MANIFEST.json` lists every file's size and sha256
 and is written before the `COMPLETE` marker, so a folder with `COMPLETE` always has a manifest.
 On resume, `latest_good_checkpoint` walks the checkpoints newest first and takes the first whose
 files all match their manifest; each one it passes over is reported by name with the reason
 (a flipped byte, a truncated file, a missing file). A flipped byte in `model.safetensors` loads
 without complaint and trains on NaNs, hence the hash rather than a size check.
 
-The per-step files a resume trims (`metrics.jsonl`, `generations.jsonl`) are read with
-`read_jsonl`, which drops the torn last line a kill can leave.
 
 Cost: one extra read of the checkpoint's bytes when saving and one when resuming
 (docs/BENCHMARKS.md, Reliability).
@@ -23,7 +21,6 @@ import logging
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -132,36 +129,17 @@ def prune_checkpoints(run_dir: Path, keep_last: int, newest_good: Path) -> list[
     return removed
 
 
-# ---------------------------------------------------------------------------------------------
-# Per-step jsonl files (metrics.jsonl, generations.jsonl) after a crash
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest checkpoint with its COMPLETE marker; half-written ones are ignored. Not hashed:
+    use `latest_good_checkpoint` where the files must be checked (resume)."""
+    done = [p for p in checkpoint_dirs(run_dir) if (p / COMPLETE).is_file()]
+    return done[-1] if done else None
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Rows of a jsonl file a killed process may have written: a torn last line is dropped (logged);
-    a bad line before the last is an error naming the file and line."""
-    if not path.exists():
-        return []
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    rows = []
-    for n, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            if n == len(lines):
-                log.warning("%s: dropping a torn last line %d (%s)", path, n, err.msg)
-                continue
-            raise ValueError(f"{path}: line {n}: not valid JSON ({err.msg})") from None
-    return rows
+class NoCheckpoint(FileNotFoundError):
+    """`--resume` names a run folder with no complete checkpoint; `damaged` says whether one with its
+    COMPLETE marker was there and failed its manifest (that needs a person, not a silent restart)."""
 
-
-def trim_jsonl(source: Path, target: Path, step: int) -> None:
-    """Carry `source`'s rows up to `step` into `target` (the same file when resuming in place), dropping
-    rows logged after the checkpoint and a torn last line; written to a temp file, then renamed."""
-    if not source.exists():
-        return
-    rows = [row for row in read_jsonl(source) if row["step"] <= step]
-    tmp = target.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    tmp.replace(target)
+    def __init__(self, message: str, damaged: bool):
+        super().__init__(message)
+        self.damaged = damaged

@@ -18,13 +18,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ada_core import metrics as mk
-from ada_core.budget import matched_grpo_prompts
 from ada_core.config import AdvantageConfig, SamplerConfig
-from ada_core.protocols import PromptSource, SamplingParams, Verdict
+from ada_core.data.source import PromptSource
+from ada_core.protocols import RolloutEngine, SamplingParams, Verdict
 from ada_core.records import Prompt, PromptPool, RolloutBatch, Sample, VerifierStatus
-from ada_core.sampler_metrics import StepClock, step_metrics
-from ada_core.allocation import greedy_allocation, step_budget
-from ada_core.sampling import downsample_balanced, draw_and_score, make_group, make_sampler
+from ada_core.sampling.allocation import greedy_allocation, step_budget
+from ada_core.sampling.budget import matched_grpo_prompts
+from ada_core.sampling.rounds import downsample_balanced, draw_and_score, make_group
+from ada_core.sampling.samplers import make_sampler
+from ada_core.sampling.step_metrics import StepClock, step_metrics
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ def make_prompts(num: int, rng: np.random.Generator, mix: DifficultyMix = Diffic
                  curation_k: int = 0) -> list[Prompt]:
     """`num` prompts `sim-0`, `sim-1`, ... with pass rates drawn from `mix`.
 
-    With `curation_k` > 0 each prompt also carries what ada_core.curation would have measured: the
+    With `curation_k` > 0 each prompt also carries what ada_core.data.curation would have measured: the
     pass rate of `curation_k` draws in `prompt.difficulty` and `meta["curation_k"]` (the budgeted
     sampler's prior reads these; the true rate stays in `meta["pass_rate"]`, which only the engine reads).
     """
@@ -81,7 +83,7 @@ def pass_rate(prompt: Prompt) -> float:
 
 
 @dataclass
-class BernoulliEngine:
+class BernoulliEngine(RolloutEngine):
     """A RolloutEngine whose sample is "1" with probability `prompt.meta["pass_rate"]`, else "0".
 
     Completion lengths are uniform on [min_tokens, max_tokens_drawn]; a length past

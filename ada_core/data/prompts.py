@@ -1,0 +1,117 @@
+"""Prompt sets: seeded generators, loaders for the paper's datasets, and the train/eval split.
+
+Every prompt says how its answer is read from a completion in `meta["answer_format"]`:
+`plain` (the completion IS the answer: the tiny model's `a+b=`) or `boxed` (the last `\\boxed{}`).
+
+`load_prompts("arithmetic", 2048, seed=0)` generates; `load_prompts("chain_sum:2", ...)` generates
+reasoning-gym's chain_sum at curriculum level 2; `load_prompts("data/math500.parquet", ...)` loads a
+local parquet or jsonl file in one of the HF schemas below (auto-detected from its columns).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from ada_core.data.files import load_dataset_file
+from ada_core.data.generators import GENERATORS, generate_prompts
+from ada_core.errors import DatasetError
+from ada_core.records import Prompt
+
+
+# ---------------------------------------------------------------------------------------------
+# Digests: what MLflow's dataset inputs and the curation cache key on
+
+
+def data_digest(dataset: str) -> str:
+    """sha256 (first 16 hex) of a dataset file's bytes (a folder: its prompts.jsonl), or of a generator's name."""
+    path = Path(dataset).expanduser()
+    if path.is_dir():
+        path = path / "prompts.jsonl"
+    h = hashlib.sha256()
+    if path.is_file():
+        with path.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    else:
+        h.update(dataset.encode())
+    return h.hexdigest()[:16]
+
+
+def prompts_digest(prompts: Sequence[Prompt]) -> str:
+    """sha256 (first 16 hex) of the prompts' ids, texts and answers, in order: the digest of one split."""
+    h = hashlib.sha256()
+    for p in prompts:  # length-prefixed fields: no two different lists of prompts share a byte stream
+        h.update(f"{len(p.id)}:{p.id}{len(p.text)}:{p.text}{len(p.answer)}:{p.answer}".encode())
+    return h.hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------------
+# Dispatch and split
+
+_LEVEL_SUFFIX = re.compile(r"^(?P<name>[\w/]+):(?P<level>\d+)$")
+
+
+def load_prompts(dataset: str, size: int | None = None, seed: int = 0) -> list[Prompt]:
+    """A generator name (optionally `name:level`), a dataset file, or a folder with `prompts.jsonl`.
+
+    Generators make exactly `size` prompts. Files give all rows, or a seeded sample of `size` of
+    them (in file order) when the file has more.
+    """
+    path = Path(dataset).expanduser()
+    if not path.exists():
+        match = _LEVEL_SUFFIX.match(dataset)
+        name, level = (match["name"], int(match["level"])) if match else (dataset, None)
+        if name.removeprefix("reasoning_gym/") in GENERATORS:
+            if size is None:
+                raise DatasetError(f"dataset {dataset!r} is a generator: give a size")
+            return generate_prompts(name, size, seed, difficulty=level)
+        raise DatasetError(
+            f"dataset {dataset!r}: no such file, and not a generator (choose from {sorted(GENERATORS)}, "
+            "optionally with :level)"
+        )
+    if path.is_dir():
+        path = path / "prompts.jsonl"
+    prompts = load_dataset_file(path)
+    if size is not None and size < len(prompts):
+        keep = sorted(random.Random(seed).sample(range(len(prompts)), size))
+        prompts = [prompts[i] for i in keep]
+    return prompts
+
+
+def split_prompts(prompts: Sequence[Prompt], eval_size: int, seed: int) -> tuple[list[Prompt], list[Prompt]]:
+    """A seeded `(train, eval)` split with disjoint ids; each keeps the input order."""
+    ids = [p.id for p in prompts]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise DatasetError(f"cannot split: prompt id {dup!r} appears more than once")
+    if not 0 <= eval_size < len(prompts):
+        raise DatasetError(f"eval_size must be in [0, {len(prompts)}) for {len(prompts)} prompts; got {eval_size}")
+    held_out = set(random.Random(seed).sample(range(len(prompts)), eval_size))
+    train = [p for i, p in enumerate(prompts) if i not in held_out]
+    evals = [p for i, p in enumerate(prompts) if i in held_out]
+    return train, evals
+
+
+SFT_SEED_OFFSET = 1_000_003  # the SFT draw's seed, far from any seed a user picks
+SFT_DRAW_SIZE = 2048  # DESIGN.md's CPU calibration point warm-starts on ~2k prompts
+
+
+def warm_start_prompts(dataset: str, held_out: Sequence[Prompt], seed: int) -> list[Prompt]:
+    """A separate draw for the SFT warm start, with every held-out prompt (RL pool, eval set) removed.
+
+    Warm-starting on the RL prompts themselves memorises them: the tiny model then solves every
+    training prompt (all-correct groups, no gradient) while held-out accuracy stays low.
+    """
+    texts = {p.text for p in held_out}
+    draw = load_prompts(dataset, size=max(len(held_out), SFT_DRAW_SIZE), seed=seed + SFT_SEED_OFFSET)
+    sft = [p for p in draw if p.text not in texts]
+    if not sft:
+        raise DatasetError(
+            f"data.dataset {dataset!r}: no prompts left for the SFT warm start once the RL and eval prompts are "
+            "held out; use a larger dataset or sft_steps=0"
+        )
+    return sft

@@ -1,1 +1,0 @@
-"""Alembic migrations of the prompt ledger's schema (ada_core/ledger.py runs them; see env.py)."""

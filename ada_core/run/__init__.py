@@ -1,0 +1,11 @@
+"""The run folder: what a run leaves on disk, and who may write it.
+
+- `files`: the folder's file names and their readers (metrics, generations, run info, result).
+- `folder`: claiming a folder (a second run into a used folder is refused; `--overwrite` moves it aside).
+- `checkpoints`: sha256 manifests, verification on resume, fallback and pruning.
+- `ledger`: the prompt ledger in SQL (SQLite or PostgreSQL), one row per (step, prompt).
+
+Modules are imported by name: `ledger` loads SQLAlchemy and Alembic.
+"""
+
+__all__ = ["checkpoints", "files", "folder", "ledger"]
