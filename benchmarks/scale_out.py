@@ -140,6 +140,7 @@ def bench_ranks(args, model_dir: Path) -> dict:
 
 def bench_vllm(args, model_dir: Path) -> dict:
     from ada_core.config import build_config
+    from ada_core.engines.factory import vllm_rollout_engine
     from ada_core.engines.vllm_pool import VLLMServerPool
     from ada_core.models import load_policy
     from ada_core.protocols import SamplingParams
@@ -148,7 +149,7 @@ def bench_vllm(args, model_dir: Path) -> dict:
     config = build_config("grpo", "tiny", overrides={"rollout": {"engine": "vllm", "vllm": {
         "num_servers": 2, "concurrency": 64, "startup_timeout_s": 900}}})
     start = time.perf_counter()
-    pool = VLLMServerPool.from_config(config, model_dir, None, Path(tempfile.mkdtemp(prefix="bench-pool-")))
+    pool = vllm_rollout_engine(config, model_dir, None, Path(tempfile.mkdtemp(prefix="bench-pool-")))
     out: dict = {"pool_start_s": time.perf_counter() - start}
     try:
         groups = _groups(tokenizer, args.rows, args.tokens)

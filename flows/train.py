@@ -28,17 +28,16 @@ from prefect.runtime import flow_run
 from ada_core.config import TrainConfig
 from ada_core.data import data_digest
 from ada_core.paths import runs_dir
+from ada_core.run.checkpoints import NoCheckpoint, latest_checkpoint
+from ada_core.run.files import PER_STEP_FILES, RUN_INFO, read_metrics
 from ada_core.run.folder import check_run_dir
 from ada_core.training import run_steps, setup
-from ada_core.run.files import PER_STEP_FILES, read_metrics
-from ada_core.run.checkpoints import latest_checkpoint
 from flows import resume as resuming
 from flows import tracking
 from flows.budget_series import BudgetAxes
 from flows.lineage import log_dataset_inputs
 from flows.params import TrainParams
 from flows.progress import TrainProgress, chain
-from ada_core.run.files import RUN_INFO
 from flows.runtime import quiet_task_run_logs, run_stamp, set_torch_threads
 from tasks.curation import curate_for, training_config
 from tasks.training import TASK_STEPS
@@ -212,10 +211,8 @@ def _setup(run_config: TrainConfig, out: Path, target, client, run_id: str, logg
         return setup(run_config, out, overwrite=overwrite)
     try:
         state = setup(run_config, out, resume=out)
-    except FileNotFoundError as err:
-        from ada_core.run.checkpoints import COMPLETE, checkpoint_dirs
-
-        if "no complete checkpoint" not in str(err) or any((p / COMPLETE).is_file() for p in checkpoint_dirs(out)):
+    except NoCheckpoint as err:
+        if err.damaged:
             raise  # every saved checkpoint is damaged: that needs a person, not a silent restart
         logger.warning("%s; starting %s over from step 0", err, out)
         _fresh_start(out)

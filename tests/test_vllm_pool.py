@@ -16,6 +16,7 @@ import torch
 
 from ada_core import metrics as K
 from ada_core.config import ConfigError, build_config
+from ada_core.engines.factory import vllm_rollout_engine
 from ada_core.engines.vllm_pool import VLLMServerPool
 from ada_core.engines.vllm_server import VLLMServerError
 from ada_core.models import load_policy
@@ -37,7 +38,8 @@ def pool(tiny_model, policy, tmp_path_factory):
     """Two launched servers (started in parallel) as one pool, the way `num_servers: 2` builds it."""
     config = build_config("grpo", "tiny", overrides={"rollout": {"engine": "vllm", "vllm": {
         "num_servers": 2, "concurrency": 8, "startup_timeout_s": 600}}})
-    pool = VLLMServerPool.from_config(config, tiny_model, policy[0], tmp_path_factory.mktemp("pool"))
+    pool = vllm_rollout_engine(config, tiny_model, policy[0], tmp_path_factory.mktemp("pool"))
+    assert isinstance(pool, VLLMServerPool)
     yield pool
     pool.close()
 

@@ -38,7 +38,9 @@ from ada_core.protocols import RolloutEngine, SamplingParams, UpdateEngine
 from ada_core.records import Prompt, RolloutBatch
 from ada_core.rl.rewards import MathVerifier
 from ada_core.run import files
-from ada_core.run.checkpoints import CheckpointChoice, NoCheckpoint, latest_good_checkpoint, mark_complete, prune_checkpoints
+from ada_core.run.checkpoints import (
+    COMPLETE, CheckpointChoice, NoCheckpoint, latest_good_checkpoint, mark_complete, prune_checkpoints,
+)
 from ada_core.run.folder import check_run_dir, claim_run_dir
 from ada_core.run.ledger import Ledger
 from ada_core.sampling import make_sampler
@@ -125,7 +127,7 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
     if resume and checkpoint is None:
         detail = "".join(f"; {p.name}: {why}" for p, why in choice.rejected)
         raise NoCheckpoint(f"--resume {resume}: no complete checkpoint under {Path(resume) / files.CHECKPOINTS}{detail}",
-                           damaged=bool(choice.rejected))
+                           damaged=any((p / COMPLETE).is_file() for p, _ in choice.rejected))
     if choice is not None and choice.rejected:
         log.warning("--resume %s: %s", resume, choice.describe())
     check_run_dir(output_dir, resume=resume, overwrite=overwrite)  # refuse early; claimed once inputs are read
