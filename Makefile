@@ -14,7 +14,7 @@ export TOKENIZERS_PARALLELISM := false
 # threads measured 4-18x slower.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: venv vllm-env browser test sim clean-venv
+.PHONY: venv vllm-env browser test test-fast sim clean-venv
 
 venv: $(STAMP)
 
@@ -46,7 +46,11 @@ browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 		{ apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
 		  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium chromium-driver >/dev/null 2>&1; } || \
-		  echo "could not install chromium and chromium-driver: tests/test_browser.py will skip"; }
+		  echo "could not install chromium and chromium-driver: tests/stack/test_browser.py will skip"; }
+
+# The pure tier alone (no model, no server): under a minute, for the edit-test loop.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q tests/fast
 
 test: $(STAMP) $(VLLM_STAMP) browser
 	$(PY) -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc

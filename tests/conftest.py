@@ -1,12 +1,18 @@
-"""Session-wide fixtures shared by every test module.
+"""Session-wide fixtures shared by more than one tier.
+
+The tiers, cheapest first (`make test-fast` runs the first alone; `make test` runs them all):
+    fast/      no model, no server: the pure logic of every package, in well under a minute
+    model/     the tiny model, DeepSpeed on CPU, in this process
+    services/  real servers: vLLM (from .venv-vllm), Ray ranks, PostgreSQL, an MLflow server
+    flows/     Prefect flows under Prefect's test harness (flows/conftest.py)
+    stack/     tests that start Prefect servers of their own: `make ui`, fan-out (stack/conftest.py)
+
 
 - `ada_home` (autouse): a fresh ADA_HOME for the whole session, so tests never touch ./.ada and
   costly builds (the tiny model, SFT warm starts, curated sets) are made once and reused.
 - `tiny_model`: the tiny model's HF folder, built once.
-- `prefect_harness`: Prefect's test harness (a temporary server and database), started once.
 - `postgres_uri`: a fresh database on the local PostgreSQL server, dropped at the end.
 - `free_port`: a free loopback port.
-- `ui_stack`: `make ui` (infra/ui.py start) on free, non-default ports with its own ADA_HOME, once.
 - `vllm_server`: one real vLLM server (from `.venv-vllm`, `make vllm-env`) serving the tiny model;
   runs attach to it with `rollout.vllm.base_url` and load their own weights into it first.
 """
@@ -46,17 +52,6 @@ def tiny_model(ada_home):
     from ada_core.models import resolve_model
 
     return resolve_model("tiny")
-
-
-@pytest.fixture(scope="session")
-def prefect_harness(ada_home):
-    """Flows run against a temporary Prefect server; task results persist under the session's ADA_HOME."""
-    from prefect.settings import PREFECT_RESULTS_LOCAL_STORAGE_PATH, temporary_settings
-    from prefect.testing.utilities import prefect_test_harness
-
-    with temporary_settings({PREFECT_RESULTS_LOCAL_STORAGE_PATH: ada_home / "prefect" / "storage"}):
-        with prefect_test_harness(server_startup_timeout=180):
-            yield
 
 
 @pytest.fixture(scope="session")
@@ -103,28 +98,6 @@ def infra_ui():
 
 
 @pytest.fixture(scope="session")
-def ui_stack(tmp_path_factory, free_port, infra_ui):
-    """`infra/ui.py start` with its own ADA_HOME (so its own PREFECT_HOME); stopped whatever happens.
-
-    Yields (home, state): state is servers.json (prefect_url, mlflow_url, pids).
-    """
-    ui = infra_ui
-    home = tmp_path_factory.mktemp("ui_stack")
-    patch = pytest.MonkeyPatch()
-    patch.setenv("ADA_PREFECT_PORT", str(free_port()))
-    patch.setenv("ADA_MLFLOW_PORT", str(free_port()))
-    patch.setenv("PREFECT_WORKER_QUERY_SECONDS", "2")  # the worker polls often: keeps the tests short
-    patch.setenv("TQDM_DISABLE", "1")
-    patch.delenv("PREFECT_API_URL", raising=False)
-    try:
-        state = ui.start(home)
-        yield home, state
-    finally:
-        ui.stop(home)
-        patch.undo()
-
-
-@pytest.fixture(scope="session")
 def vllm_server(tiny_model, tmp_path_factory):
     """A vLLM server on the tiny model, started once (20-60 s on these CPUs) and stopped at the end."""
     from ada_core.engines.vllm_server import VLLMServer
@@ -132,15 +105,3 @@ def vllm_server(tiny_model, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("vllm") / "server.log"
     with VLLMServer(tiny_model, dtype="float32", log_path=log_path, startup_timeout_s=600) as server:
         yield server
-
-
-LAST = ("test_fanout.py", "test_deploy.py", "test_browser.py")  # each starts a Prefect server of its own
-
-
-def pytest_collection_modifyitems(session, config, items):
-    """Run the tests that start Prefect servers of their own (fan-out, the `make ui` stack) after the rest.
-
-    Once that stack has served flow runs in this process, the task runs of later flows under the
-    test harness were missing from the harness's API (seen in full runs, never with the stack's tests
-    last), so the flows' tests run first."""
-    items.sort(key=lambda item: item.path.name in LAST)  # stable: the order within each part is kept

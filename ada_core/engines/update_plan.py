@@ -19,7 +19,7 @@ mini-batch (every rank's share):
 Why global: DeepSpeed averages gradients over ranks. A rank's loss is its share's per-token sum over
 the global denominator, multiplied by the world size, so the average of the rank gradients is the
 gradient of the one-rank loss. Each rank normalising by its own token count instead weights a token
-on a rank with few tokens more than one on a rank with many: a different update (tests/test_distributed.py
+on a rank with few tokens more than one on a rank with many: a different update (tests/services/test_distributed.py
 shows it).
 
 Example: 2 ranks, a mini-batch of groups with 10, 6 and 3 response tokens: rank 0 takes [10], rank 1

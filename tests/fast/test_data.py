@@ -23,7 +23,7 @@ from ada_core.data import (
 )
 from ada_core.records import Prompt
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 # --- generators ------------------------------------------------------------------------------

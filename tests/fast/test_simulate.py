@@ -8,12 +8,12 @@ import pytest
 from typer.testing import CliRunner
 
 from ada_core import metrics as mk
-from ada_core.sampling.budget import compute_flops, matched_grpo_prompts
 from ada_core.cli import app
 from ada_core.config import AdvantageConfig, SamplerConfig
 from ada_core.protocols import SamplingParams
 from ada_core.records import Prompt, VerifierStatus
 from ada_core.sampling import make_sampler
+from ada_core.sampling.budget import compute_flops, matched_grpo_prompts
 from ada_core.sampling.simulate import (
     BernoulliEngine,
     BernoulliVerifier,

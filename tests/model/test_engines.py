@@ -10,7 +10,7 @@ import torch
 
 from ada_core import metrics as K
 from ada_core.config import LossConfig, OptimConfig
-from ada_core.engines.transformers_engine import TransformersRolloutEngine, sample_tokens
+from ada_core.engines.transformers_engine import TransformersRolloutEngine
 from ada_core.models import build_tiny, format_prompt_ids, load_policy
 from ada_core.protocols import RolloutEngine, SamplingParams
 from ada_core.records import Group, Prompt
@@ -120,18 +120,6 @@ def test_behaviour_logprobs_are_temperature_scaled_without_top_p_renormalisation
         for s in group:
             expected = _full_forward_logprobs(model, prompt.prompt_ids, s.completion_ids, temperature)
             assert torch.allclose(torch.tensor(s.logprobs), expected, atol=1e-4)
-
-
-def test_sample_tokens_worked_example_and_nucleus():
-    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]] * 4))
-    tokens, logprobs = sample_tokens(logits, torch.tensor([0.1, 0.7, 0.99, 0.0]), temperature=1.0, top_p=0.6)
-    # nucleus {0, 1} renormalised to [0.625, 0.375]: u < 0.625 -> token 0, else token 1; never token 2
-    assert tokens.tolist() == [0, 1, 1, 0]
-    assert torch.allclose(logprobs, torch.log(torch.tensor([0.5, 0.3, 0.3, 0.5])))
-    full, _ = sample_tokens(logits[:3], torch.tensor([0.1, 0.7, 0.99]), temperature=1.0, top_p=1.0)
-    assert full.tolist() == [0, 1, 2]
-    zero_prob = torch.tensor([[-math.inf, 0.0, -math.inf]])
-    assert sample_tokens(zero_prob, torch.tensor([0.0]), 1.0, 1.0)[0].item() == 1
 
 
 def test_stop_string_truncates_text_and_ids(tiny, prompts):
@@ -407,11 +395,3 @@ def test_bf16_zero_2_update_on_cpu_and_resume(make_updater, tiny, prompts, tmp_p
         make_updater(zero_stage=2).load(tmp_path / "opt")
 
 
-def test_gpu_overlay_validates_as_a_config_file():
-    from pathlib import Path
-
-    from ada_core.config import build_config
-
-    overlay = Path(__file__).resolve().parents[1] / "infra" / "gpu" / "zero2_bf16.yaml"
-    cfg = build_config("grpo", "smollm2-135m", config_file=overlay)
-    assert cfg.optim.zero_stage == 2 and cfg.optim.precision == "bf16"

@@ -97,6 +97,3 @@ def test_resume_gives_the_same_next_prompts(tmp_path):
         resumed.close()
 
 
-def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
-        setup(_config("grpo", steps=1), tmp_path / "out", resume=tmp_path / "missing")

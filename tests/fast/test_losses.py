@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from ada_core.config import LossConfig, OptimConfig
-from ada_core.rl.losses import AGGREGATIONS, effective_mask, gather_logprobs, ppo_clip_loss, token_entropy
+from ada_core.rl.losses import (
+    AGGREGATIONS,
+    effective_mask,
+    gather_logprobs,
+    ppo_clip_loss,
+    token_entropy,
+)
 
 
 def _ratios(*ratios: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,53 +8,15 @@ import io
 import json
 from collections import Counter
 
-import numpy as np
 import pytest
+from support import simulated_run
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from ada_core.cli import app
-from ada_core.config import ConfigError, build_config
-from ada_core.run.ledger import VERSION_TABLE, Ledger, create_engine, open_engine, prompt_totals, read_rows
-from ada_core.protocols import SamplingParams
-from ada_core.data import PromptSource
-from ada_core.sampling.simulate import BernoulliEngine, BernoulliVerifier, budgeted_methods, default_methods, make_prompts
+from ada_core.config import build_config
+from ada_core.run.ledger import VERSION_TABLE, Ledger, create_engine, prompt_totals, read_rows
 from ada_core.training import Callbacks, run_steps, setup
-
-
-def simulated_run(ledgers: list[Ledger], steps: int = 3, prompts: int = 24, method: str = "ada-est"):
-    """Drive a sampler on the Bernoulli engine, recording every step in each ledger; returns the batches."""
-    sampler = {**default_methods(), **budgeted_methods()}[method]
-    source = PromptSource(make_prompts(48, np.random.default_rng(0)), seed=0)
-    batches = []
-    for step in range(1, steps + 1):
-        batch = sampler.sample(source.take(prompts), BernoulliEngine(), BernoulliVerifier(), SamplingParams(max_tokens=14),
-                               np.random.default_rng(step), source=source)
-        for ledger in ledgers:
-            ledger.record(step, batch.pools, {g.prompt.id for g in batch.groups})
-        batches.append(batch)
-    for ledger in ledgers:
-        ledger.flush()
-    return batches
-
-
-@pytest.mark.parametrize("method", ["ada-est", "ada-balance-m4", "dapo"])
-def test_rows_per_step_equal_prompts_drawn(tmp_path, method):
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    ledger = Ledger.start(url, tmp_path, threshold=0.7)
-    try:
-        batches = simulated_run([ledger], method=method)
-    finally:
-        ledger.close()
-    rows = read_rows(tmp_path)
-    per_step = Counter(r["step"] for r in rows)
-    for step, batch in enumerate(batches, start=1):
-        assert per_step[step] == len({p.prompt.id for p in batch.pools})
-        by_id = {r["prompt_id"]: r for r in rows if r["step"] == step}
-        kept = {g.prompt.id for g in batch.groups}
-        assert {pid for pid, r in by_id.items() if r["trained"]} == kept
-        assert sum(r["samples"] for r in by_id.values()) == sum(len(p.samples) for p in batch.pools)
-    assert json.loads((tmp_path / "ledger.json").read_text())["run_id"] == ledger.run_id
 
 
 def test_sqlite_and_postgres_write_the_same_rows(tmp_path, postgres_uri):
@@ -70,16 +32,6 @@ def test_sqlite_and_postgres_write_the_same_rows(tmp_path, postgres_uri):
     assert lite_rows == pg_rows and {r["step"] for r in pg_rows} == {1, 2}
     with create_engine(postgres_uri).connect() as conn:  # Alembic's own table, apart from MLflow's
         assert conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar() == "0001"
-
-
-def test_migration_is_idempotent_and_a_bad_url_is_clear(tmp_path):
-    url = f"sqlite:///{tmp_path / 'x' / 'ledger.db'}"
-    for _ in range(2):
-        open_engine(url).dispose()
-    with pytest.raises(RuntimeError, match="cannot open or migrate postgresql://nobody:\\*\\*\\*@127.0.0.1:1/x"):
-        open_engine("postgresql://nobody:secret@127.0.0.1:1/x?connect_timeout=2")
-    with pytest.raises(ConfigError, match="ledger.url holds a password"):
-        build_config("grpo", "tiny", overrides={"ledger": {"url": "postgresql://u:pw@host/db"}})
 
 
 class Killed(RuntimeError):

@@ -11,13 +11,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ada_core import metrics as mk
-from ada_core.sampling.allocation import PromptHistory, greedy_allocation, mixed_prob, moment
 from ada_core.config import AdvantageConfig, ConfigError, SamplerConfig, build_config
-from ada_core.protocols import SamplingParams
 from ada_core.data import PromptSource
+from ada_core.protocols import SamplingParams
 from ada_core.records import Prompt
 from ada_core.sampling import BudgetedSampler, FixedSampler, make_sampler
-from ada_core.sampling.simulate import BernoulliEngine, BernoulliVerifier, budgeted_methods, run_simulation
+from ada_core.sampling.allocation import (
+    PromptHistory,
+    greedy_allocation,
+    mixed_prob,
+    moment,
+)
+from ada_core.sampling.simulate import (
+    BernoulliEngine,
+    BernoulliVerifier,
+    budgeted_methods,
+    run_simulation,
+)
 
 GLOBAL_MEAN = AdvantageConfig(name="global_mean")
 SAMPLING = SamplingParams(max_tokens=14)

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ada_core.rl.advantages import ADVANTAGES, compute_advantages, register_advantage
 from ada_core.config import AdvantageConfig
+from ada_core.rl.advantages import ADVANTAGES, compute_advantages, register_advantage
 
 EPS = 1e-6
 rewards_01 = st.lists(st.sampled_from([0.0, 1.0]), min_size=2, max_size=16)

@@ -225,28 +225,3 @@ def test_deployments_need_a_server_with_the_limit(stack):
         check_setup(CompareParams(**{**GROUP, "deployment": "nope/nope"}))
 
 
-
-def test_group_parameters_document_and_validate_fan_out():
-    assert CompareParams().children == "inline" and SweepParams().children == "inline"  # the embedded default
-    assert CompareParams().concurrency_limit == "ada-train" and CompareParams().max_parallel is None
-    for field in ("children", "max_parallel", "concurrency_limit", "deployment", "poll_s"):
-        assert CompareParams.model_fields[field].description, field
-    with pytest.raises(ValueError, match="children"):
-        CompareParams(children="ray")
-    with pytest.raises(ValueError, match="max_parallel"):
-        SweepParams(max_parallel=0)
-    with pytest.raises(ValueError, match="concurrency_limit"):
-        CompareParams(concurrency_limit="gpu/0")  # Prefect refuses '/' in a limit's name
-
-
-def test_failures_markdown_links_the_flow_run():
-    from flows.group import failures_markdown
-
-    assert failures_markdown([]) == ""
-    text = failures_markdown([{"variant": "ada-balance", "seed": 1, "state": "CRASHED", "flow_run_id": "abc",
-                               "flow_run_url": "http://127.0.0.1:4200/runs/flow-run/abc", "message": "worker\nlost"},
-                              {"variant": "grpo-matched", "seed": 1, "state": "NOT_RUN", "flow_run_id": None,
-                               "flow_run_url": None, "message": "its reference ada-balance-s1 failed"}])
-    assert "## Failed children (2)" in text
-    assert "`ada-balance` seed 1: **CRASHED**, [flow run abc](http://127.0.0.1:4200/runs/flow-run/abc): worker lost" in text
-    assert "`grpo-matched` seed 1: **NOT_RUN**, no flow run: its reference ada-balance-s1 failed" in text

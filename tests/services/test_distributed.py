@@ -18,9 +18,8 @@ from ada_core import metrics as K
 from ada_core.config import DistributedConfig, LossConfig, OptimConfig, build_config
 from ada_core.engines.deepspeed_engine import DeepSpeedUpdateEngine, collate
 from ada_core.engines.rank_group import RankError, RankGroup, start_ray
-from ada_core.engines.rank_rollout import split_contiguous
 from ada_core.engines.transformers_engine import TransformersRolloutEngine
-from ada_core.engines.update_plan import balance_by_tokens, flatten, plan_update
+from ada_core.engines.update_plan import flatten, plan_update
 from ada_core.rl.losses import gather_logprobs, ppo_clip_loss
 from ada_core.models import format_prompt_ids, load_policy
 from ada_core.protocols import SamplingParams
@@ -279,14 +278,6 @@ def test_rollout_across_ranks_equals_one_engine(groups_by_stage, policy):
         engine.generate([(Prompt(id="e", text="", answer=""), 1)], sampling)
 
 
-def test_split_helpers():
-    assert split_contiguous([4, 4, 4, 4], 2) == [(0, 2), (2, 4)]
-    assert split_contiguous([9, 1, 1, 1], 2) == [(0, 1), (1, 4)]
-    assert split_contiguous([5], 3) == [(0, 0), (0, 1), (1, 1)]
-    assert balance_by_tokens([[0], [1, 2], [3]], [10, 6, 3], 2) == [[0], [1, 2, 3]]
-    assert balance_by_tokens([[0, 1]], [4], 2) == [[0, 1], []]
-
-
 def test_a_dead_rank_fails_the_step_naming_it(groups_by_stage, policy):
     """Last in the module: it kills a rank of the stage-2 group, which is then closed."""
     _, tokenizer = policy
@@ -299,18 +290,4 @@ def test_a_dead_rank_fails_the_step_naming_it(groups_by_stage, policy):
     group.close()
     assert _wait_gone(pids) == [], "a rank outlived close()"
 
-
-def test_distributed_config_from_the_command_line_and_its_errors():
-    from ada_core.config import ConfigError, parse_set
-
-    config = build_config("grpo", "tiny", overrides=parse_set(["distributed.num_ranks=2", "distributed.ray_address=auto"]))
-    assert config.distributed.num_ranks == 2 and config.distributed.ray_address == "auto"
-    default = build_config("grpo", "tiny").distributed
-    assert default.num_ranks == 1 and default.ray_address is None and default.gpus_per_rank == 0
-    with pytest.raises(ConfigError, match=r"distributed\.num_ranks"):
-        build_config("grpo", "tiny", overrides={"distributed": {"num_ranks": 0}})
-    with pytest.raises(ConfigError, match=r"distributed\.placement_strategy"):
-        build_config("grpo", "tiny", overrides={"distributed": {"placement_strategy": "ANYWHERE"}})
-    for name, field in DistributedConfig.model_fields.items():
-        assert field.description, f"distributed.{name} has no description"
 

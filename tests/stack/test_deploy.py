@@ -16,7 +16,7 @@ from mlflow import MlflowClient
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CURATE_PARAMS = {
     "overrides": {"data.train_size": 48, "data.eval_size": 8, "data.curation_k": 2, "sft_steps": 5},
     "experiment": "deploy-test",

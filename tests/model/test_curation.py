@@ -10,8 +10,7 @@ from dataclasses import replace
 import datasets
 import pytest
 
-from ada_core.data import curation
-from ada_core.data.curation import CurationResult, curate, dedup, load_curated, normalise_text, save_curated
+from ada_core.data.curation import CurationResult, curate, load_curated, save_curated
 from ada_core.data import generate_prompts, load_prompts
 from ada_core.engines.transformers_engine import TransformersRolloutEngine
 from ada_core.models import encode_prompts, load_policy, sft_warm_start
@@ -21,24 +20,6 @@ from ada_core.rl.rewards import MathVerifier
 
 SAMPLING = SamplingParams(temperature=1.0, max_tokens=6)
 K, CEILING = 8, 0.875  # the tiny profile's curation_k and pass_rate_ceiling
-
-
-def test_normalise_text_ignores_case_spacing_and_latex_spacing():
-    base = normalise_text(r"Find $(\frac{1}{2} + x)$ if x = 3.")
-    for variant in (r"find  $(\frac{1}{2}+x)$  if X=3.", r"FIND $(\dfrac{1}{2}\,+\;x)$ if x = 3.",
-                    "Find $\\left( \\frac{1}{2} \\quad + x\\right)$\nif x=3."):
-        assert normalise_text(variant) == base
-    assert normalise_text("2 3+1=") != normalise_text("23+1=")  # digits apart stay apart
-    assert normalise_text("Find x+1.") != normalise_text("Find x+2.")
-
-
-def test_dedup_keeps_first_and_maps_duplicates():
-    prompts = [Prompt(id="a", text="What is $x + 1$?", answer="1"), Prompt(id="b", text="what is $x+1$ ?", answer="1"),
-               Prompt(id="c", text="What is $x + 2$?", answer="2"), Prompt(id="d", text="WHAT IS $X\\,+\\,1$?", answer="1")]
-    kept, stage = dedup(prompts)
-    assert [p.id for p in kept] == ["a", "c"]
-    assert stage["duplicate_of"] == {"b": "a", "d": "a"}
-    assert stage["dropped"]["duplicate"] == {"count": 2, "ids": ["b", "d"]}
 
 
 @pytest.fixture(scope="session")
@@ -123,22 +104,6 @@ def test_save_and_load_curated_round_trip(curator, tmp_path):
     assert [replace(p, prompt_ids=[]) for p in result.prompts] == loaded.prompts
     assert load_prompts(str(folder)) == loaded.prompts  # a curated set trains like any dataset
     assert all(p.meta["answer_format"] == "plain" for p in loaded.prompts)
-
-
-def test_failed_save_keeps_the_previous_set(tmp_path, monkeypatch):
-    old = CurationResult([Prompt(id="a", text="1+1=", answer="2")], {"input": 1, "kept": 1})
-    save_curated(old, tmp_path)
-    before = (tmp_path / "prompts.jsonl").read_text()
-    new = CurationResult([Prompt(id="b", text="2+2=", answer="4")], {"input": 1, "kept": 1})
-
-    def fail(*args, **kwargs):
-        raise OSError("disk full")
-
-    monkeypatch.setattr(curation.os, "replace", fail)
-    with pytest.raises(OSError, match="disk full"):
-        save_curated(new, tmp_path)
-    assert (tmp_path / "prompts.jsonl").read_text() == before
-    assert sorted(os.listdir(tmp_path)) == ["dataset", "prompts.jsonl", "report.json"]
 
 
 def test_curate_rejects_bad_inputs(curator, tmp_path):

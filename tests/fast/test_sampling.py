@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from ada_core import metrics as mk
 from ada_core.config import AdvantageConfig, SamplerConfig
-from ada_core.protocols import SamplingParams, Verdict
 from ada_core.data import PromptSource
+from ada_core.protocols import SamplingParams, Verdict
 from ada_core.records import Prompt, Sample
 from ada_core.sampling import (
     AdaSampler,

@@ -13,7 +13,6 @@ import pytest
 from typer.testing import CliRunner
 
 from ada_core.cli import app
-from ada_core.run.folder import RunDirError, check_run_dir, claim_run_dir
 from ada_core.run.files import read_metrics
 
 FAST = ["--steps", "1", "--set", "sft_steps=0", "--set", "prompts_per_step=4", "--set", "eval_every=0",
@@ -22,27 +21,6 @@ FAST = ["--steps", "1", "--set", "sft_steps=0", "--set", "prompts_per_step=4", "
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def test_a_folder_without_a_run_is_taken_and_one_with_a_run_is_refused(tmp_path):
-    claim_run_dir(tmp_path / "new")  # created
-    assert (tmp_path / "new").is_dir()
-    (tmp_path / "new" / "notes.txt").write_text("not a run file\n")
-    claim_run_dir(tmp_path / "new")  # an unrelated file does not make a run
-    run = tmp_path / "run"
-    (run / "checkpoints").mkdir(parents=True)
-    claim_run_dir(run)  # nor does an empty checkpoints/ folder
-    (run / "metrics.jsonl").write_text('{"step": 1}\n')
-    with pytest.raises(RunDirError, match=rf"{run} already holds a run \(metrics.jsonl\); nothing in it was changed"):
-        claim_run_dir(run)
-    check_run_dir(run, resume=run)  # resuming that very run is the way to continue it
-    with pytest.raises(RunDirError, match="choose one"):
-        check_run_dir(run, resume=run, overwrite=True)
-    with pytest.raises(RunDirError, match="already holds a run"):
-        check_run_dir(run, resume=tmp_path / "other")  # resuming another run into it is not
-    (tmp_path / "file").write_text("x")
-    with pytest.raises(RunDirError, match="is a file"):
-        check_run_dir(tmp_path / "file")
 
 
 @pytest.mark.slow

@@ -1,0 +1,53 @@
+"""The streaming schedule's bookkeeping and seeds, with no engine: which samples start, commit and abort."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from ada_core.config import SamplerConfig
+from ada_core.sampling.streaming import StreamSchedule, sample_seed, shortest_prefix
+
+CFG = {"name": "ada", "exit_rule": "balance", "n": 4, "M0": 4, "M": 4, "N": 4, "schedule": "streaming", "window": 6}
+
+
+# --- the schedule alone ---------------------------------------------------------------------------
+def _drive(schedule: StreamSchedule, rewards: list[list[float]], order: random.Random, threshold: float):
+    """Finish started samples in a random order; return each prompt's committed rewards."""
+    pools: list[list[float]] = [[] for _ in rewards]
+    running = []
+    while True:
+        for i, j0, count in schedule.starts():
+            running += [(i, j0 + k) for k in range(count)]
+        if not running:
+            return pools
+        i, j = running.pop(order.randrange(len(running)))
+        committed, aborted = schedule.finished(i, j, rewards[i][j] > threshold)
+        pools[i] += [rewards[i][k] for k in committed]
+        running = [(a, b) for a, b in running if not (a == i and b in aborted)]
+
+
+def test_the_schedule_commits_the_shortest_qualifying_prefix_whatever_the_finish_order():
+    cfg = SamplerConfig(**CFG)
+    rng = np.random.default_rng(0)
+    rates = [0.0, 1.0, 0.5, 0.1, 0.9, 0.3] * 4
+    rewards = [(rng.random(cfg.max_samples_per_prompt) < p).astype(float).tolist() for p in rates]
+    expected = [r[: shortest_prefix(r, cfg)] for r in rewards]
+    for seed in range(3):
+        schedule = StreamSchedule(len(rates), cfg, window=cfg.window, capacity=10)
+        assert _drive(schedule, rewards, random.Random(seed), cfg.positive_threshold) == expected
+        assert schedule.idle() and schedule.in_flight == 0
+
+    # A global cap holds exactly: started-and-not-aborted samples never pass it, and all of it is spent.
+    capped = SamplerConfig(**CFG, global_sample_cap=21)
+    schedule = StreamSchedule(len(rates), capped, window=capped.window, capacity=10)
+    pools = _drive(schedule, rewards, random.Random(5), capped.positive_threshold)
+    assert sum(map(len, pools)) == 21
+    assert all(pool == r[: len(pool)] for pool, r in zip(pools, rewards))
+
+
+def test_sample_seeds_are_consecutive_per_prompt_and_differ_across_prompts_and_steps():
+    assert sample_seed(3, "a", 5) == sample_seed(3, "a", 0) + 5
+    assert len({sample_seed(3, "a", 0), sample_seed(3, "b", 0), sample_seed(4, "a", 0)}) == 3
+    assert sample_seed(3, "a", 100) < 2**63
