@@ -27,6 +27,7 @@ GENERATIONS = "generations.jsonl"
 CHECKPOINTS = "checkpoints"
 RUN_INFO = "run_info.json"
 RESULT = "result.json"
+LEDGER = "ledger.json"
 PER_STEP_FILES = (METRICS, GENERATIONS)  # rows keyed by "step"; trimmed on resume
 
 

@@ -17,10 +17,11 @@ import time
 from pathlib import Path
 
 from ada_core.errors import InputError
+from ada_core.run import files
 
 # What marks a folder as holding a run: any one of these is enough.
-RUN_FILES = ("config.yaml", "metrics.jsonl", "generations.jsonl")
-RUN_DIRS = ("checkpoints",)
+RUN_FILES = (files.CONFIG, files.METRICS, files.GENERATIONS)  # any of these: the folder holds a run
+RUN_DIRS = (files.CHECKPOINTS,)
 
 
 class RunDirError(InputError, ValueError):

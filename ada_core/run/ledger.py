@@ -41,9 +41,9 @@ from sqlalchemy.engine import Engine, make_url
 
 from ada_core.paths import ada_home
 from ada_core.records import PromptPool
+from ada_core.run.files import LEDGER as LEDGER_FILE
 
 VERSION_TABLE = "ada_ledger_alembic_version"
-LEDGER_FILE = "ledger.json"
 URL_ENV = "ADA_LEDGER_URL"
 
 metadata = sa.MetaData()

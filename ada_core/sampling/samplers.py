@@ -49,11 +49,21 @@ from ada_core.sampling.streaming import run_streaming
 log = logging.getLogger(__name__)
 
 
+class _NoState:
+    """Samplers that keep nothing between steps: their checkpoint entry is None."""
+
+    def state_dict(self) -> dict | None:
+        return None
+
+    def load_state_dict(self, state: dict | None) -> None:
+        pass
+
+
 # ---------------------------------------------------------------------------------------------------
-# The three samplers. Each returns a RolloutBatch of kept groups plus the step's metrics.
+# The samplers. Each returns a RolloutBatch of kept groups plus the step's metrics.
 # ---------------------------------------------------------------------------------------------------
 @dataclass
-class FixedSampler:
+class FixedSampler(_NoState):
     """GRPO: n samples per prompt in one engine call; every group is kept."""
 
     cfg: SamplerConfig
@@ -80,7 +90,7 @@ class FixedSampler:
 
 
 @dataclass
-class DynamicFilterSampler:
+class DynamicFilterSampler(_NoState):
     """DAPO dynamic sampling: keep varied groups, drawing extra prompt batches until B are kept.
 
     Batch 0 is the given prompts; each later batch takes ceil(B * gen_batch_multiplier) prompts from
@@ -133,7 +143,7 @@ class DynamicFilterSampler:
 
 
 @dataclass
-class AdaSampler:
+class AdaSampler(_NoState):
     """Reinforce-Ada successive elimination (see the module docstring)."""
 
     cfg: SamplerConfig

@@ -19,10 +19,9 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from ada_core.run.files import read_metrics
+from ada_core.run.files import RUN_INFO, read_metrics
 from flows import tracking
 from flows.params import CompareParams, TrainParams
-from ada_core.run.files import RUN_INFO
 from flows.resume import reap_dead_runs
 
 pytestmark = pytest.mark.slow
@@ -36,6 +35,7 @@ COMPARE = {"variants": ["grpo", "ada-balance"], "matched_grpo": False, "steps": 
 
 CHILD = r"""
 import json, os, signal, sys
+import ada_core.run.files as F
 import ada_core.training as T
 
 spec = json.loads(sys.argv[1])
@@ -47,12 +47,12 @@ def ours(folder):
     return folder.name.startswith(spec["folder"])
 
 if spec["at"] == "row":
-    append = T._append_jsonl
-    def _append_jsonl(path, row):
+    append = F.append_jsonl
+    def append_jsonl(path, row):
         append(path, row)
         if ours(path.parent) and row["step"] == spec["step"] and "time/step_s" in row:
             stop()
-    T._append_jsonl = _append_jsonl
+    F.append_jsonl = append_jsonl
 else:
     save = T.save_checkpoint
     def save_checkpoint(state):
@@ -204,10 +204,10 @@ def test_a_flow_level_retry_resumes_from_the_last_checkpoint(resume_env, tmp_pat
                                                              resumed_from):
     """A failure after the step-2 checkpoint (or before any); Prefect retries the flow run, which finds its
     own MLflow run (tag prefect.flow_run_id) and resumes it (or starts it over, in the same MLflow run)."""
-    import ada_core.training as T
+    import ada_core.run.files as F
     from flows.train import train
 
-    append, failed = T._append_jsonl, []
+    append, failed = F.append_jsonl, []
 
     def fail_once(path, row):
         append(path, row)
@@ -215,7 +215,7 @@ def test_a_flow_level_retry_resumes_from_the_last_checkpoint(resume_env, tmp_pat
             failed.append(True)
             raise RuntimeError(f"injected failure after step {fail_at}")
 
-    monkeypatch.setattr(T, "_append_jsonl", fail_once)
+    monkeypatch.setattr(F, "append_jsonl", fail_once)
     out = tmp_path / "retried"
     result = train.with_options(retries=1, retry_delay_seconds=0)(
         TrainParams(**{**TRAIN, "steps": 4}, output_dir=str(out)))
