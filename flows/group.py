@@ -32,7 +32,7 @@ from ada_core.paths import runs_dir
 from flows import fanout, links, tracking
 from flows import resume as resuming
 from flows.params import GroupSettings, RunSettings, TrainParams, flatten_dotted
-from flows.report import load_run, write_report
+from report import load_run, write_report
 from flows.runtime import run_stamp
 from flows.train import train
 

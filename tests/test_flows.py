@@ -25,7 +25,7 @@ from ada_core.run.folder import RunDirError
 from ada_core.run.files import read_metrics
 from flows import tracking
 from flows.params import CompareParams, EvaluateParams, SweepParams, TrainParams, nest_dotted
-from flows.report import count_params, load_run, mean_std, merge_rows, summary_table
+from report import count_params, load_run, mean_std, merge_rows, summary_table
 
 pytestmark = pytest.mark.slow
 
