@@ -21,7 +21,6 @@ _MAX_PARAMS_PER_BATCH = 100  # MLflow's log_batch limit
 _MAX_METRICS_PER_BATCH = 1000
 
 
-
 def dataset_hash(dataset: str) -> str:
     """sha256 (first 16 hex) of a dataset file's bytes, or of the generator name (`ada_core.data.data_digest`)."""
     from ada_core.data import data_digest

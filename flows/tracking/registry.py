@@ -15,7 +15,6 @@ REGISTERED_MODEL = "ada-policy"
 CHAMPION_ALIAS = "champion"
 
 
-
 def register_policy(
     client: MlflowClient,
     run_id: str,
