@@ -14,7 +14,6 @@ from prefect import flow, get_run_logger
 
 from ada_core.data.curation import load_curated
 from flows import tracking
-from flows.lineage import log_dataset_inputs
 from flows.params import CurateParams
 from flows.runtime import run_stamp, set_torch_threads
 from tasks.curation import curate_for
@@ -44,7 +43,7 @@ def curate(params: CurateParams = CurateParams()) -> dict[str, Any]:
             **{f"curation/dropped_{reason.replace('/', '_')}": count for reason, count in curated["dropped"].items()},
         }, step=0)
         client.log_artifacts(run_id, curated["dataset"], artifact_path="curated")
-        log_dataset_inputs(client, run_id, curated["dataset"], {"curated": load_curated(curated["dataset"]).prompts},
+        tracking.log_dataset_inputs(client, run_id, curated["dataset"], {"curated": load_curated(curated["dataset"]).prompts},
                            {"ada.curated_from": config.data.dataset,
                             "ada.curated_from_digest": curated["inputs"]["dataset_digest"]})
         logger.info("kept %d of %d prompts -> %s", curated["kept"], curated["pool"], curated["dataset"])

@@ -10,7 +10,6 @@ are comparable with the eval/avg_at_k curves of training runs on the same data a
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from prefect import flow, get_run_logger
 from prefect.utilities.annotations import quote
 
 from ada_core.paths import runs_dir
+from ada_core.run.files import read_generations
 from ada_core.training import setup
 from flows import tracking
 from flows.params import EvaluateParams
@@ -34,10 +34,6 @@ def local_model_dir(model: str, tracking_uri: str, scratch: Path) -> Path | str:
     if (path / "hf" / "config.json").is_file():  # a trainer checkpoint: step_N/hf
         return path / "hf"
     return path if path.exists() else model  # an HF folder, or a name like `tiny` for resolve_model
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 @flow(name="evaluate", log_prints=True)
@@ -64,6 +60,6 @@ def evaluate(params: EvaluateParams = EvaluateParams()) -> dict[str, Any]:
             finally:
                 state.close()
         tracking.log_metrics(client, run_id, metrics, step=0)
-        tracking.log_generations(client, run_id, 0, read_jsonl(out / "generations.jsonl"))
+        tracking.log_generations(client, run_id, 0, read_generations(out))
         logger.info("%s: %s", params.model, {k: round(v, 4) for k, v in metrics.items()})
     return {"run_id": run_id, "tracking_uri": uri, "metrics": metrics, "run_dir": str(out)}

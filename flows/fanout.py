@@ -8,9 +8,9 @@ run starts until it ends (`flows.train`): the shared `concurrency_limit`, which 
 at once across every group, and with `max_parallel` one made for the group alone. Nothing here
 schedules: this module checks the set-up, submits, waits and gathers.
 
-A finished child's result is read back from MLflow (the run tagged with the child's flow-run id),
-not from Prefect's result storage, which a worker on another machine would keep to itself. A child
-that ends in any state but Completed is recorded as a failure; the others go on.
+A finished child's result is read back from MLflow (`tracking.child_result`: the run tagged with
+the child's flow-run id), not from Prefect's result storage, which a worker on another machine
+would keep to itself. A child that ends in any state but Completed is recorded as a failure; the others go on.
 
 A child waiting for a slot is already a Running flow run on its worker (Prefect has no per-group
 gate before Running), so with `max_parallel` below the number of workers, a worker can sit on a
@@ -24,7 +24,6 @@ from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
-from mlflow import MlflowClient
 from prefect import get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
@@ -32,24 +31,13 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.client.schemas.objects import FlowRun, WorkerStatus
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
-from prefect.utilities.urls import url_for
 
+from flows import tracking
 from flows.params import GroupSettings, TrainParams
+from flows.tracking.links import flow_run_url
 
 FollowUp = Callable[[dict[str, Any]], list[TrainParams]]
 Plan = Callable[[TrainParams], tuple[TrainParams, dict[str, Any] | None]]
-
-
-def flow_run_url(flow_run_id: str | UUID | None) -> str | None:
-    """The Prefect UI page of a flow run; None without a UI (ephemeral mode) or an id."""
-    return url_for("flow-run", obj_id=str(flow_run_id)) if flow_run_id else None
-
-
-def mlflow_run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
-    """The MLflow UI page of a run when tracking goes to a server; None for a database store."""
-    if not tracking_uri.startswith(("http://", "https://")):
-        return None
-    return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
 
 
 def check_setup(params: GroupSettings) -> None:
@@ -114,24 +102,6 @@ def wait_for_any(pending: dict[UUID, TrainParams], poll_s: float) -> list[FlowRu
             time.sleep(poll_s)
 
 
-def child_result(client: MlflowClient, experiment_id: str, flow_run_id: UUID, tracking_uri: str) -> dict[str, Any]:
-    """What `train` returns, rebuilt from the MLflow run its flow run logged (tag `prefect.flow_run_id`)."""
-    runs = client.search_runs([experiment_id], f"tags.`prefect.flow_run_id` = '{flow_run_id}'",
-                              order_by=["attributes.start_time DESC"], max_results=1)
-    if not runs:
-        raise RuntimeError(f"flow run {flow_run_id} completed but logged no MLflow run in experiment {experiment_id}")
-    run = runs[0]
-    checkpoints = sorted(a.path for a in client.list_artifacts(run.info.run_id, "checkpoints") if a.is_dir)
-    tags, params = run.data.tags, run.data.params
-    return {
-        "variant": tags["ada.variant"], "preset": tags["ada.preset"], "seed": int(tags["ada.seed"]),
-        "run_id": run.info.run_id, "run_dir": params["run_dir"], "tracking_uri": tracking_uri,
-        "model_artifact": f"{checkpoints[-1]}/hf" if checkpoints else None, "registered_version": None,
-        "metrics": dict(run.data.metrics), "num_params": int(params["num_params"]) if "num_params" in params else None,
-        "flow_run_id": str(flow_run_id),
-    }
-
-
 def failure_record(params: TrainParams, flow_run_id: str | UUID | None, state: str, message: str) -> dict[str, Any]:
     return {"variant": params.variant or params.preset, "preset": params.preset, "seed": params.seed,
             "run_name": params.run_name, "flow_run_id": str(flow_run_id) if flow_run_id else None,
@@ -139,8 +109,8 @@ def failure_record(params: TrainParams, flow_run_id: str | UUID | None, state: s
 
 
 def run_deployments(
-    children: list[TrainParams], follow_up: FollowUp, params: GroupSettings, group: str, client: MlflowClient,
-    experiment_id: str, tracking_uri: str, plan: Plan,
+    children: list[TrainParams], follow_up: FollowUp, params: GroupSettings, group: str,
+    client: tracking.MlflowClient, experiment_id: str, tracking_uri: str, plan: Plan,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Submit every child, then wait; a finished child's follow-ups (the matched control) go in at once.
 
@@ -178,7 +148,7 @@ def run_deployments(
             child = pending.pop(run.id)
             if run.state.is_completed():
                 try:
-                    result = child_result(client, experiment_id, run.id, tracking_uri)
+                    result = tracking.child_result(client, experiment_id, run.id, tracking_uri)
                 except Exception as err:  # e.g. its MLflow run was deleted: one child lost, not the group
                     failures.append(failure_record(child, run.id, "COMPLETED", f"no result: {err}"))
                     continue

@@ -23,18 +23,19 @@ import math
 from pathlib import Path
 from typing import Any
 
-from mlflow import MlflowClient
 from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from ada_core import metrics as K
 from ada_core.paths import runs_dir
-from flows import fanout, links, tracking
+from ada_core.run.files import read_result
+from flows import fanout, tracking
 from flows import resume as resuming
 from flows.params import GroupSettings, RunSettings, TrainParams, flatten_dotted
-from flows.report import load_run, write_report
 from flows.runtime import run_stamp
+from flows.tracking import links
 from flows.train import train
+from report import load_run, write_report
 
 
 def child_params(settings: RunSettings, preset: str, seed: int, label: str, tracking_uri: str, parent_run_id: str,
@@ -74,7 +75,7 @@ def run_inline(children: list[TrainParams], follow_up: fanout.FollowUp) -> tuple
 
 def run_children(
     params: GroupSettings, children: list[TrainParams], follow_up: fanout.FollowUp, group: str,
-    client: MlflowClient, parent_run_id: str, tracking_uri: str,
+    client: tracking.MlflowClient, parent_run_id: str, tracking_uri: str,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Run the group's children the way `params.children` says; (results, failures).
 
@@ -86,7 +87,7 @@ def run_children(
     if tracking_uri.startswith("sqlite:"):
         get_run_logger().warning("children on workers all write the SQLite store %s; the `make ui` MLflow server "
                                  "or PostgreSQL takes concurrent writers better", tracking_uri)
-    experiment_id = client.get_run(parent_run_id).info.experiment_id
+    experiment_id = tracking.experiment_of(client, parent_run_id)
     return fanout.run_deployments(children, follow_up, params, group, client, experiment_id, tracking_uri, plan_child)
 
 
@@ -94,7 +95,7 @@ def plan_child(params: TrainParams) -> tuple[TrainParams, dict[str, Any] | None]
     """A child of a resumed group: finished -> (params, its result), not rerun; started (its folder
     exists) -> params with `resume` set to that folder; else unchanged params to run from scratch."""
     out = Path(params.output_dir)
-    done = resuming.finished_result(out)
+    done = read_result(out)
     if done is not None:
         get_run_logger().info("%s finished in an earlier attempt: skipped", params.run_name)
         return params, done
@@ -104,10 +105,10 @@ def plan_child(params: TrainParams) -> tuple[TrainParams, dict[str, Any] | None]
 
 
 def group_tags(kind: str) -> dict[str, str]:
-    """The parent run's tags: its flow, and the process and Prefect flow run that own it (flows/resume.py)."""
+    """The parent run's tags: its flow, and the process and Prefect flow run that own it (flows/tracking/runs.py)."""
     from prefect.runtime import flow_run
 
-    return {"ada.flow": kind, resuming.FLOW_RUN: str(flow_run.get_id() or ""), **resuming.process_tags()}
+    return {"ada.flow": kind, tracking.FLOW_RUN: str(flow_run.get_id() or ""), **tracking.process_tags()}
 
 
 def group_folder(settings: RunSettings, kind: str, uri: str) -> tuple[Path, str | None]:
@@ -116,10 +117,7 @@ def group_folder(settings: RunSettings, kind: str, uri: str) -> tuple[Path, str 
     resume = getattr(settings, "resume", None)
     if not resume:
         return runs_dir() / f"{kind}-{run_stamp()}", None
-    client = MlflowClient(uri)
-    target = resuming.resolve(resume, client, settings.experiment)
-    if target.run_id is not None:
-        resuming.take_over(client, target.run_id)
+    target = resuming.resume_target(uri, settings.experiment, resume)
     return target.run_dir, target.run_id
 
 
@@ -143,7 +141,7 @@ def failures_markdown(failures: list[dict[str, Any]]) -> str:
 
 
 def finish_group(
-    client: MlflowClient, parent_run_id: str, kind: str, results: list[dict[str, Any]], group_dir: Path,
+    client: tracking.MlflowClient, parent_run_id: str, kind: str, results: list[dict[str, Any]], group_dir: Path,
     register_as: str, alias: str, label_order: list[str], reference: str | None = None,
     failures: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
@@ -187,7 +185,7 @@ def finish_group(
                     best["seed"], alias)
 
     uri = client.tracking_uri
-    experiment_id = client.get_run(parent_run_id).info.experiment_id
+    experiment_id = tracking.experiment_of(client, parent_run_id)
     children = "\n".join(_child_line(client, uri, experiment_id, r) for r in results)
     model_line = (f"Best policy: `{registered['uri']}` (version {registered['version']}, {registered['variant']}, "
                   f"seed {registered['seed']})." if registered else "No evaluated checkpoint to register.")
@@ -210,7 +208,7 @@ def finish_group(
     return summary
 
 
-def _child_line(client: MlflowClient, uri: str, experiment_id: str, result: dict[str, Any]) -> str:
+def _child_line(client: tracking.MlflowClient, uri: str, experiment_id: str, result: dict[str, Any]) -> str:
     """`- variant seed s: MLflow run <link> (<id>), <Prefect flow run link>, dir <path>` for the report."""
     run = client.get_run(result["run_id"])
     mlflow_link = links.markdown_link(run.info.run_name, links.mlflow_run_url(uri, experiment_id, result["run_id"]))
@@ -220,7 +218,7 @@ def _child_line(client: MlflowClient, uri: str, experiment_id: str, result: dict
             f"dir `{result['run_dir']}`")
 
 
-def log_group_params(client: MlflowClient, run_id: str, settings: RunSettings, **extra: Any) -> None:
+def log_group_params(client: tracking.MlflowClient, run_id: str, settings: RunSettings, **extra: Any) -> None:
     params = {k: v for k, v in settings.model_dump().items() if k not in ("overrides", "resume")}
     params["overrides"] = json.dumps(settings.overrides, sort_keys=True)
     params.update({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in extra.items()})

@@ -7,7 +7,7 @@ MLflow callbacks, so each step shows up as `rollout-step-N` and `update-step-N` 
     python -c "from flows.train import train; from flows.params import TrainParams; \
                train(TrainParams(preset='ada-balance', steps=20))"
 
-Resume (flows/resume.py): `TrainParams(resume=<run folder or MLflow run id>)`, or a Prefect retry of
+Resume (flows/tracking/runs.py, flows/resume.py): `TrainParams(resume=<run folder or MLflow run id>)`, or a Prefect retry of
 the same flow run, continues the same run folder and the same MLflow run from the newest good
 checkpoint; MLflow gets each step's row once (tracking.RunLogger says how).
 """
@@ -29,13 +29,12 @@ from ada_core.config import TrainConfig
 from ada_core.data import data_digest
 from ada_core.paths import runs_dir
 from ada_core.run.checkpoints import NoCheckpoint, latest_checkpoint
+from ada_core.run import files
 from ada_core.run.files import PER_STEP_FILES, RUN_INFO, read_metrics
 from ada_core.run.folder import check_run_dir
 from ada_core.training import run_steps, setup
 from flows import resume as resuming
 from flows import tracking
-from flows.budget_series import BudgetAxes
-from flows.lineage import log_dataset_inputs
 from flows.params import TrainParams
 from flows.progress import TrainProgress, chain
 from flows.runtime import quiet_task_run_logs, run_stamp, set_torch_threads
@@ -128,7 +127,7 @@ def train_run(params: TrainParams) -> dict[str, Any]:
     if not params.curate:
         check_inputs(config)
     flow_run_id = str(flow_run.get_id() or "")
-    target = _resume_target(params, uri, flow_run_id)
+    target = resuming.resume_target(uri, params.experiment, params.resume, flow_run_id)
     if target is not None:
         out = target.run_dir
     else:
@@ -137,7 +136,7 @@ def train_run(params: TrainParams) -> dict[str, Any]:
         check_run_dir(out, overwrite=params.overwrite)  # before curation and before an MLflow run is opened
     run_config, provenance = prepare_data(config, params.curate, params.curation_seed)
     tags = {"ada.flow": "train", "ada.variant": variant, "ada.preset": params.preset, "ada.seed": str(params.seed),
-            resuming.FLOW_RUN: flow_run_id, **resuming.process_tags()}
+            tracking.FLOW_RUN: flow_run_id, **tracking.process_tags()}
 
     run_id = target.run_id if target is not None else None
     with tracking.tracked_run(uri, params.experiment, label, params.parent_run_id, tags, run_id=run_id,
@@ -151,7 +150,7 @@ def train_run(params: TrainParams) -> dict[str, Any]:
             ))
         state = _setup(run_config, out, target, client, run_id, logger, overwrite=params.overwrite)
         run_logger = tracking.RunLogger(client, run_id)
-        budget = BudgetAxes(run_logger, state.totals, state.num_params)
+        budget = tracking.BudgetAxes(run_logger, state.totals, state.num_params)
         shown = TrainProgress(label, run_config.steps)
         try:
             tracking.log_params(client, run_id, {"num_params": state.num_params})
@@ -159,7 +158,7 @@ def train_run(params: TrainParams) -> dict[str, Any]:
                 client.set_tag(run_id, "ada.skipped_long_prompts", str(state.skipped_prompts))
             curated_from = ({"ada.curated_from": config.data.dataset,
                              "ada.curated_from_digest": data_digest(config.data.dataset)} if params.curate else {})
-            log_dataset_inputs(client, run_id, run_config.data.dataset,
+            tracking.log_dataset_inputs(client, run_id, run_config.data.dataset,
                                {"training": state.source.prompts, "evaluation": state.eval_prompts}, curated_from)
             shown.start(state.step)
             (out / RUN_INFO).write_text(json.dumps({
@@ -187,22 +186,8 @@ def train_run(params: TrainParams) -> dict[str, Any]:
         "tracking_uri": uri, "model_artifact": artifact, "registered_version": version, "metrics": final,
         "num_params": state.num_params,
     }
-    (out / resuming.RESULT).write_text(json.dumps(result, indent=2) + "\n")  # last: the run is finished
+    (out / files.RESULT).write_text(json.dumps(result, indent=2) + "\n")  # last: the run is finished
     return result
-
-
-def _resume_target(params: TrainParams, uri: str, flow_run_id: str) -> resuming.ResumeTarget | None:
-    """What to continue: `params.resume`, or the MLflow run an earlier attempt of this flow run made."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient(uri)
-    if params.resume:
-        target = resuming.resolve(params.resume, client, params.experiment)
-    else:
-        target = resuming.run_of_flow_run(client, params.experiment, flow_run_id)
-    if target is not None and target.run_id is not None:
-        resuming.take_over(client, target.run_id)
-    return target
 
 
 def _setup(run_config: TrainConfig, out: Path, target, client, run_id: str, logger, overwrite: bool = False):

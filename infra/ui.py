@@ -7,7 +7,7 @@
 State lives under $ADA_HOME (default ./.ada): the Prefect home and its SQLite database in
 prefect/, the MLflow store in mlflow.db with artifacts in mlartifacts/ (the same store the embedded
 default writes, so earlier runs show up), and ui/servers.json with the URLs and process ids. While
-the MLflow server answers, flows log to it over HTTP (flows/tracking.py reads servers.json), so
+the MLflow server answers, flows log to it over HTTP (flows/tracking/store.py reads servers.json), so
 several processes never write one SQLite file. Ports: ADA_PREFECT_PORT (4200), ADA_MLFLOW_PORT (5000).
 
 The Prefect UI is a page that calls the API from the browser at the URL its /ui-settings names.

@@ -42,16 +42,14 @@ def _curate_dataset(
 ) -> dict[str, Any]:
     """Curate (or reuse) and return {dataset, model, kept, pool, key, ...}: plain data for the cache.
 
+    The work is one call, `ada_core.training.start.curate_for_model` (the same start-model assembly
+    `setup` uses); this adds the persisted set's key and the summary that marks it complete.
+
     `dataset_digest` (`ada_core.data.data_digest` of `dataset`, the digest MLflow's dataset inputs
     carry) is part of both cache keys, so editing a dataset file in place curates it afresh.
     """
-    from flows.progress import ProgressArtifact
-    from ada_core.data import curation
-    from ada_core.data import load_prompts, warm_start_prompts
-    from ada_core.engines.transformers_engine import TransformersRolloutEngine
-    from ada_core.models import encode_prompts, load_policy, resolve_model, sft_warm_start
-    from ada_core.protocols import SamplingParams
-    from ada_core.rl.rewards import MathVerifier
+    from ada_core.training.start import curate_for_model
+    from tasks.progress import ProgressArtifact
 
     inputs = dict(model=model, sft_steps=sft_steps, dataset=dataset, pool_size=pool_size, k=k, ceiling=ceiling,
                   seed=seed, max_tokens=max_tokens, temperature=temperature, positive_threshold=positive_threshold,
@@ -62,30 +60,12 @@ def _curate_dataset(
     if summary_file.is_file():
         return json.loads(summary_file.read_text())
 
-    pool = load_prompts(dataset, size=pool_size, seed=seed)
-    start_model = resolve_model(model)
-    if sft_steps > 0:
-        start_model = sft_warm_start(start_model, warm_start_prompts(dataset, pool, seed), steps=sft_steps, seed=seed,
-                                     progress=ProgressArtifact(f"warm start (SFT) of {model}").callback())
-    policy, tokenizer = load_policy(start_model)
-    encode_prompts(tokenizer, pool)
-    engine = TransformersRolloutEngine(policy, tokenizer, micro_batch_size=micro_batch_size)
-    sampling = SamplingParams(temperature=temperature, top_p=1.0, max_tokens=max_tokens, seed=seed)
-    with MathVerifier() as verifier:
-        result = curation.curate(pool, engine, verifier, sampling, k=k, ceiling=ceiling, seed=seed,
-                                 positive_threshold=positive_threshold,
-                                 progress=ProgressArtifact(f"curation of {dataset} (k={k})", "prompt").callback())
-    curation.save_curated(result, out)
-    summary = {
-        "key": key,
-        "dataset": str(out),
-        "model": str(start_model),
-        "pool": len(pool),
-        "kept": result.report["kept"],
-        "dropped": {f"{stage['stage']}/{reason}": info["count"]
-                    for stage in result.report["stages"] for reason, info in stage["dropped"].items()},
-        "inputs": inputs,
-    }
+    made = curate_for_model(
+        model, sft_steps, dataset, pool_size, k, ceiling, seed, max_tokens, temperature, positive_threshold,
+        micro_batch_size, out, sft_progress=ProgressArtifact(f"warm start (SFT) of {model}").callback(),
+        progress=ProgressArtifact(f"curation of {dataset} (k={k})", "prompt").callback(),
+    )
+    summary = {"key": key, "dataset": str(out), **made, "inputs": inputs}
     summary_file.write_text(json.dumps(summary, indent=2) + "\n")  # last: marks the set complete
     return summary
 

@@ -29,11 +29,11 @@ from tqdm.auto import tqdm
 
 from ada_core import metrics as K
 from ada_core.config import TrainConfig
-from ada_core.data import load_prompts, split_prompts, warm_start_prompts
+from ada_core.data import load_prompts, split_prompts
 from ada_core.data.source import PromptSource
 from ada_core.engines.factory import build_rollout_engine, build_update_engine
 from ada_core.errors import DatasetError
-from ada_core.models import encode_prompts, load_policy, resolve_model, sft_warm_start
+from ada_core.models import encode_prompts, load_policy
 from ada_core.protocols import RolloutEngine, SamplingParams, UpdateEngine
 from ada_core.records import Prompt, RolloutBatch
 from ada_core.rl.rewards import MathVerifier
@@ -44,6 +44,7 @@ from ada_core.run.checkpoints import (
 from ada_core.run.folder import check_run_dir, claim_run_dir
 from ada_core.run.ledger import Ledger
 from ada_core.sampling import make_sampler
+from ada_core.training.start import start_model
 
 log = logging.getLogger(__name__)
 
@@ -140,12 +141,10 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
 
     if checkpoint is not None:
         model_dir = checkpoint / "hf"
+        model, tokenizer = load_policy(model_dir)
     else:
-        model_dir = resolve_model(config.model)
-        if config.sft_steps > 0:
-            sft = warm_start_prompts(config.data.dataset, train_prompts + eval_prompts, config.seed)
-            model_dir = sft_warm_start(model_dir, sft, steps=config.sft_steps, seed=config.seed)
-    model, tokenizer = load_policy(model_dir)
+        model_dir, model, tokenizer = start_model(config.model, config.sft_steps, config.data.dataset,
+                                                  train_prompts + eval_prompts, config.seed)
     train_prompts, eval_prompts, skipped = _encode_within_limit(tokenizer, train_prompts, eval_prompts, config)
     moved = claim_run_dir(output_dir, resume=resume, overwrite=overwrite)
     if moved is not None:

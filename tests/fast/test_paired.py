@@ -11,16 +11,10 @@ import pytest
 
 from ada_core import metrics as K
 from ada_core.run.ledger import Ledger
-from flows.paired import (
-    mean_ci,
-    paired_differences,
-    paired_table,
-    reference_for,
-    value_at,
-)
 from flows.params import CompareParams
-from flows.prompt_plot import pass_rate_matrix, plot_prompt_ledger
-from flows.report import STEP_TIME_CUM, RunCurves, merge_rows
+from report.curves import STEP_TIME_CUM, RunCurves, merge_rows
+from report.paired import mean_ci, paired_differences, paired_table, reference_for, value_at
+from report.prompt_plot import pass_rate_matrix, plot_prompt_ledger
 
 
 def curve(label: str, seed: int, acc: list[float], samples_per_step: float, run_dir: Path = Path(".")) -> RunCurves:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ada_core import metrics as K
-from flows.report import count_params, load_run, mean_std, merge_rows, summary_table
+from report import count_params, load_run, mean_std, merge_rows, summary_table
 
 
 def test_merge_rows_puts_eval_on_the_step_timeline_with_flops():

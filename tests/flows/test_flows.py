@@ -25,6 +25,7 @@ from ada_core.run.files import read_metrics
 from flows import tracking
 from flows.params import CompareParams, EvaluateParams, SweepParams, TrainParams
 
+
 pytestmark = pytest.mark.slow
 
 # Seconds per run. Two-digit sums and a short SFT warm start: the curated set (prompts solved at

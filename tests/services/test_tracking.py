@@ -1,4 +1,4 @@
-"""flows/tracking.py against real backends: SQLite, an MLflow server over HTTP, and PostgreSQL.
+"""flows/tracking/ (the MLflow gateway) against real backends: SQLite, an MLflow server over HTTP, and PostgreSQL.
 
 The training flows' own logging is checked in test_flows.py; here each backend gets the same
 round trip (params, per-step metrics, a generations table, a checkpoint artifact, a registered

@@ -22,8 +22,9 @@ from mlflow import MlflowClient
 
 from ada_core import metrics as K
 from ada_core.data import data_digest, load_prompts, prompts_digest, split_prompts
-from flows import links, tracking
-from flows.budget_series import VS_MFLOPS, VS_SAMPLES
+from flows import tracking
+from flows.tracking import links
+from flows.tracking.budget import VS_MFLOPS, VS_SAMPLES
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ from mlflow.entities import Metric
 from ada_core import metrics as K
 from ada_core.sampling.budget import compute_flops
 from ada_core.training import Callbacks
-from flows.tracking import RunLogger
+from flows.tracking.logger import RunLogger
 
 VS_SAMPLES = "vs_samples"  # step = cumulative generated samples
 VS_MFLOPS = "vs_mflops"  # step = estimated compute in MFLOPs (1e6 FLOPs: int64 steps hold 9e24 FLOPs)

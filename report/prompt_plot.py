@@ -9,14 +9,11 @@ are on top, sorted by their pass rate; the never-resolved ones sit below the whi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ada_core.run.ledger import LedgerNotFound, prompt_totals, read_rows
-
-if TYPE_CHECKING:
-    from flows.report import RunCurves
+from report.curves import RunCurves
 
 MAX_ROWS = 400  # prompts shown per panel (an even subsample of the sorted rows beyond that)
 

@@ -12,14 +12,11 @@ the start model), which is why these intervals are much tighter than the raw see
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ada_core import metrics as K
-
-if TYPE_CHECKING:
-    from flows.report import RunCurves
+from report.curves import RunCurves
 
 REGIME_PREFIXES = ("pool-", "fresh-")
 

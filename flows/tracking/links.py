@@ -12,6 +12,7 @@ UI's log linkifier took `http://127.0.0.1:5310;` for the URL, `;` included.
 from __future__ import annotations
 
 from urllib.parse import quote, urlencode
+from uuid import UUID
 
 PREFECT_RUN_URL_TAG = "ada.prefect_flow_run_url"
 PREFECT_RUN_ID_TAG = "prefect.flow_run_id"
@@ -29,6 +30,13 @@ def prefect_flow_run() -> tuple[str | None, str | None, str | None]:
     base = PREFECT_UI_URL.value()
     url = f"{base.rstrip('/')}/runs/flow-run/{run_id}" if base else None
     return str(run_id), flow_run.get_name(), url
+
+
+def flow_run_url(flow_run_id: str | UUID | None) -> str | None:
+    """The Prefect UI page of a flow run; None without a UI (ephemeral mode) or an id."""
+    from prefect.utilities.urls import url_for
+
+    return url_for("flow-run", obj_id=str(flow_run_id)) if flow_run_id else None
 
 
 def mlflow_base_url(tracking_uri: str) -> str | None:

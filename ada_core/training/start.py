@@ -1,0 +1,63 @@
+"""The model a run starts from, and the prompt set curated for it: one assembly for training and curation.
+
+`start_model` resolves the named model, warm-starts it with SFT on a separate draw of the dataset
+(every prompt in `seen` removed, `warm_start_prompts`) and loads it. `setup` calls it for a fresh
+run; `curate_for_model` calls it so curation scores prompts with the very model RL starts from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ada_core.data import load_prompts, warm_start_prompts
+from ada_core.models import encode_prompts, load_policy, resolve_model, sft_warm_start
+from ada_core.records import Prompt
+
+Progress = Callable[[int, int], None]
+
+
+def start_model(model: str, sft_steps: int, dataset: str, seen: list[Prompt], seed: int,
+                progress: Progress | None = None) -> tuple[Path, Any, Any]:
+    """(model folder, policy, tokenizer) a run starts from: `model` resolved, then `sft_steps` of SFT
+    warm start on prompts of `dataset` outside `seen` (the RL and eval prompts) when above 0."""
+    model_dir = resolve_model(model)
+    if sft_steps > 0:
+        model_dir = sft_warm_start(model_dir, warm_start_prompts(dataset, seen, seed), steps=sft_steps, seed=seed,
+                                   progress=progress)
+    policy, tokenizer = load_policy(model_dir)
+    return model_dir, policy, tokenizer
+
+
+def curate_for_model(
+    model: str, sft_steps: int, dataset: str, pool_size: int, k: int, ceiling: float, seed: int, max_tokens: int,
+    temperature: float, positive_threshold: float, micro_batch_size: int, out_dir: str | Path,
+    sft_progress: Progress | None = None, progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Draw a pool of `pool_size` prompts, difficulty-filter it with the start model (`start_model` on the
+    pool) and save the curated set to `out_dir`; returns {model, pool, kept, dropped} for its summary.
+
+    `sft_progress` and `progress` are `progress(done, total)` callbacks for the warm start and the scoring.
+    """
+    from ada_core.data import curation
+    from ada_core.engines.transformers_engine import TransformersRolloutEngine
+    from ada_core.protocols import SamplingParams
+    from ada_core.rl.rewards import MathVerifier
+
+    pool = load_prompts(dataset, size=pool_size, seed=seed)
+    model_dir, policy, tokenizer = start_model(model, sft_steps, dataset, pool, seed, progress=sft_progress)
+    encode_prompts(tokenizer, pool)
+    engine = TransformersRolloutEngine(policy, tokenizer, micro_batch_size=micro_batch_size)
+    sampling = SamplingParams(temperature=temperature, top_p=1.0, max_tokens=max_tokens, seed=seed)
+    with MathVerifier() as verifier:
+        result = curation.curate(pool, engine, verifier, sampling, k=k, ceiling=ceiling, seed=seed,
+                                 positive_threshold=positive_threshold, progress=progress)
+    curation.save_curated(result, out_dir)
+    return {
+        "model": str(model_dir),
+        "pool": len(pool),
+        "kept": result.report["kept"],
+        "dropped": {f"{stage['stage']}/{reason}": info["count"]
+                    for stage in result.report["stages"] for reason, info in stage["dropped"].items()},
+    }

@@ -1,0 +1,181 @@
+"""What a run logs: its params, metrics, generation tables and checkpoints (`RunLogger`).
+
+ada_core returns plain metric dicts and writes run directories; this module turns them into the
+rows of an MLflow run.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param
+
+from ada_core import metrics as K
+from ada_core.config import SamplerConfig, TrainConfig, flat_params
+from ada_core.training import Callbacks
+
+_MAX_PARAMS_PER_BATCH = 100  # MLflow's log_batch limit
+_MAX_METRICS_PER_BATCH = 1000
+
+
+def dataset_hash(dataset: str) -> str:
+    """sha256 (first 16 hex) of a dataset file's bytes, or of the generator name (`ada_core.data.data_digest`)."""
+    from ada_core.data import data_digest
+
+    return data_digest(dataset)
+
+
+NOT_APPLICABLE = "n/a"
+
+
+def unused_sampler_fields(sampler: str) -> set[str]:
+    """SamplerConfig fields the named sampler ignores.
+
+    SamplerConfig documents each sampler-specific field with a prefix, `ada:` or `dapo:` (the
+    `dynamic_filter` sampler); the rest apply to every sampler.
+    """
+    owner = {"ada": "ada:", "dynamic_filter": "dapo:"}
+    mine = owner.get(sampler)
+    return {name for name, field in SamplerConfig.model_fields.items()
+            if any((field.description or "").startswith(prefix) for prefix in owner.values() if prefix != mine)}
+
+
+def run_params(config: TrainConfig, variant: str, dataset_digest: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The headline params (N, M, n, variant, sampler, advantage, model, dataset_hash, seed) + the flat config.
+
+    Params the sampler does not use (N and M for GRPO's `fixed`, for example) are logged as `n/a`,
+    headline and `sampler.*` alike, so the runs table does not suggest GRPO ran 4 rounds of 8.
+    """
+    params: dict[str, Any] = flat_params(config)
+    unused = unused_sampler_fields(config.sampler.name)
+    params.update({f"sampler.{name}": NOT_APPLICABLE for name in unused if f"sampler.{name}" in params})
+    params.update({
+        "N": NOT_APPLICABLE if "N" in unused else config.sampler.N,
+        "M": NOT_APPLICABLE if "M" in unused else config.sampler.M,
+        "n": config.sampler.n,
+        "variant": variant,
+        "sampler": config.sampler.name,
+        "advantage": config.advantage.name,
+        "model": config.model,
+        "dataset_hash": dataset_digest,
+        "seed": config.seed,
+    })
+    params.update(extra or {})
+    return params
+
+
+def log_params(client: MlflowClient, run_id: str, params: dict[str, Any]) -> None:
+    items = [Param(str(k), str(v)) for k, v in params.items()]
+    for i in range(0, len(items), _MAX_PARAMS_PER_BATCH):
+        client.log_batch(run_id, params=items[i : i + _MAX_PARAMS_PER_BATCH])
+
+
+def log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float], step: int) -> None:
+    now = int(time.time() * 1000)
+    items = [Metric(k, float(v), now, step) for k, v in metrics.items()]
+    for i in range(0, len(items), _MAX_METRICS_PER_BATCH):
+        client.log_batch(run_id, metrics=items[i : i + _MAX_METRICS_PER_BATCH])
+
+
+def log_generations(client: MlflowClient, run_id: str, step: int, rows: list[dict[str, Any]]) -> None:
+    """Sampled eval generations as an MLflow table (one JSON artifact per evaluation)."""
+    if not rows:
+        return
+    columns = {key: [row.get(key) for row in rows] for key in rows[0]}
+    client.log_table(run_id, data=columns, artifact_file=f"generations/step_{step:06d}.json")
+
+
+def checkpoint_artifact_path(checkpoint: Path) -> str:
+    return f"checkpoints/{checkpoint.name}"
+
+
+def log_checkpoint(client: MlflowClient, run_id: str, checkpoint: Path) -> str:
+    """Upload a checkpoint folder; returns its run-relative artifact path."""
+    artifact_path = checkpoint_artifact_path(checkpoint)
+    client.log_artifacts(run_id, str(checkpoint), artifact_path=artifact_path)
+    return artifact_path
+
+
+class RunLogger:
+    """The trainer callbacks of one MLflow run: step and eval metrics, generation tables, checkpoints.
+
+    Metric rows are held until the checkpoint that covers them and sent then, each with its step,
+    whole rows per `log_batch` (so a crash never leaves half a row). Why not as they come: MLflow's
+    metric history is append-only, and a resume re-runs the steps after its checkpoint; rows sent
+    for those steps before the crash would stay next to the re-run's, two values for one step (the
+    time/* keys differ). Held until the checkpoint, MLflow only ever has rows a resume keeps, and a
+    resume sends the covered rows a crash left unsent (`send_missing`). The cost: MLflow's curves
+    trail metrics.jsonl by up to `checkpoint_every` steps. One batch of a few hundred metrics costs
+    tens of ms, once per checkpoint. Tables and checkpoints are written synchronously.
+    """
+
+    def __init__(self, client: MlflowClient, run_id: str):
+        self.client = client
+        self.run_id = run_id
+        self._rows: list[tuple[int, list[Metric]]] = []
+
+    def _add(self, metrics: dict[str, float], step: int) -> None:
+        now_ms = int(time.time() * 1000)
+        self.hold(step, [Metric(k, float(v), now_ms, step) for k, v in metrics.items()])
+
+    def hold(self, step: int, metrics: list[Metric]) -> None:
+        """Queue metrics that belong to training step `step` (whatever their own MLflow steps) until the
+        checkpoint that covers it."""
+        self._rows.append((step, metrics))
+
+    def _send(self, rows: list[list[Metric]]) -> None:
+        batch: list[Metric] = []
+        for row in rows:
+            if batch and len(batch) + len(row) > _MAX_METRICS_PER_BATCH:
+                self.client.log_batch(self.run_id, metrics=batch)
+                batch = []
+            batch.extend(row)
+        if batch:
+            self.client.log_batch(self.run_id, metrics=batch)
+
+    def on_step(self, step: int, metrics: dict[str, float]) -> None:
+        self._add(metrics, step)
+
+    def on_eval(self, step: int, metrics: dict[str, float], generations: list[dict[str, Any]]) -> None:
+        self._add(metrics, step)
+        log_generations(self.client, self.run_id, step, generations)
+
+    def on_checkpoint(self, step: int, path: Path) -> None:
+        covered = [row for s, row in self._rows if s <= step]
+        self._rows = [(s, row) for s, row in self._rows if s > step]
+        self._send(covered)
+        log_checkpoint(self.client, self.run_id, path)
+
+    def send_missing(self, rows: list[dict[str, Any]]) -> int:
+        """Send the metrics.jsonl rows MLflow lacks (a crash between a checkpoint and its send); returns how many.
+
+        A row is on MLflow when the history of its marker key (time/step_s for a step, the eval
+        key for an evaluation) has its step.
+        """
+        seen: dict[str, set[int]] = {}
+        missing = []
+        for row in rows:
+            values = {k: v for k, v in row.items() if k != "step"}
+            if not values:
+                continue
+            marker = next((k for k in _ROW_MARKERS if k in values), min(values))
+            if marker not in seen:
+                seen[marker] = {m.step for m in self.client.get_metric_history(self.run_id, marker)}
+            if int(row["step"]) not in seen[marker]:
+                now_ms = int(time.time() * 1000)
+                missing.append([Metric(k, float(v), now_ms, int(row["step"])) for k, v in values.items()])
+        self._send(missing)
+        return len(missing)
+
+    def flush(self) -> None:
+        """Nothing to wait for: rows go out synchronously at checkpoints. Rows after the last one stay
+        in metrics.jsonl only; a resume re-runs those steps."""
+
+    def callbacks(self) -> Callbacks:
+        return Callbacks(on_step=self.on_step, on_eval=self.on_eval, on_checkpoint=self.on_checkpoint)
+
+
+_ROW_MARKERS = (K.TIME_STEP_S, K.EVAL_AVG_AT_K)

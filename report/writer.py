@@ -1,0 +1,109 @@
+"""The comparison report: plots and a final-metrics table, read from run directories alone.
+
+It reads each run's `metrics.jsonl` (`ada_core.run.files.read_metrics`), so it works offline and on
+runs the CLI made:
+
+    python -m report .ada/runs/compare-x/grpo-s0 .ada/runs/compare-x/ada-balance-s0 --out report/
+
+Held-out accuracy and reward are plotted against five x axes, because per-step curves flatter a
+sampler that spends more per step (DESIGN.md section 2): step, cumulative generated samples,
+trained tokens, wall time and estimated compute. Equal-compute comparisons are where
+matched-budget claims are judged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ada_core import metrics as K
+from report.curves import PAIRED_AXES, X_AXES, RunCurves, load_run
+from report.paired import paired_differences, paired_table
+from report.plots import plot_against, plot_per_step, plot_time_split
+from report.prompt_plot import plot_prompt_ledger
+from report.tables import summary_table
+
+
+@dataclass
+class Report:
+    markdown: str
+    files: list[Path]
+    directory: Path
+    summary: str = ""
+    """The markdown before the plots (title, note, table), for callers that place the plots themselves."""
+
+    def plots_markdown(self, url_of: Callable[[str], str | None] = lambda name: name) -> str:
+        """Each PNG as a markdown image at `url_of(file name)` (default: the name, relative to report.md)."""
+        lines = []
+        for f in self.files:
+            if f.suffix == ".png":
+                url = url_of(f.name)
+                lines.append(f"![{f.stem}]({url})" if url else f"`{f.name}`")
+        return "\n\n".join(lines)
+
+
+def write_report(runs: list[RunCurves], out_dir: str | Path, title: str = "Comparison report",
+                 reference: str | None = None) -> Report:
+    """Write every PNG and `report.md` into `out_dir`; return them and the markdown.
+
+    With `reference` (a variant label), the report adds each other variant's paired difference from it
+    (report/paired.py) and writes them to `paired.json`."""
+    if not runs:
+        raise ValueError("write_report needs at least one run")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files = [plot_against(runs, axis, out) for axis in X_AXES]
+    files.append(plot_per_step(runs, K.SAMPLER_EFFECTIVE_RATIO, "effective ratio", out, "effective_ratio"))
+    files.append(plot_per_step(runs, K.BUDGET_GENERATED_SAMPLES, "generated samples per step", out, "samples_per_step"))
+    files.append(plot_time_split(runs, out))
+    ledger_plot = plot_prompt_ledger(runs, out)
+    if ledger_plot is not None:
+        files.append(ledger_plot)
+    paired_md: list[str] = []
+    if reference is not None:
+        pairs = paired_differences(runs, reference, PAIRED_AXES)
+        (out / "paired.json").write_text(json.dumps(pairs, indent=1) + "\n")
+        files.append(out / "paired.json")
+        paired_md = [
+            f"Paired differences from `{reference}` (same seed and regime): held-out avg@k at the budget both "
+            "runs reached, read off each eval curve by linear interpolation; mean over seeds with a 95% "
+            "t-interval (report/paired.py).",
+            "",
+            paired_table(pairs),
+            "",
+        ]
+    params = sorted({r.num_params for r in runs if r.num_params})
+    summary = "\n".join([
+        f"# {title}",
+        "",
+        "Final metrics, mean ± std over seeds. Held-out numbers are from the last evaluation; FLOPs = 2·params per "
+        "generated token + 6·params per trained token + 2·params per log-prob token"
+        + (f" (params = {', '.join(f'{p:,}' for p in params)})." if params else "."),
+        "",
+        summary_table(runs),
+        *(["", *paired_md] if paired_md else []),
+    ])
+    report = Report(markdown="", files=files, directory=out, summary=summary)
+    report.markdown = f"{summary}\n\n## Plots\n\n{report.plots_markdown()}\n"
+    (out / "report.md").write_text(report.markdown)
+    files.append(out / "report.md")
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m report", description="Comparison report from run directories (offline).")
+    parser.add_argument("run_dirs", nargs="+", type=Path)
+    parser.add_argument("--out", type=Path, default=Path("out/report"),
+                        help="folder for report.md and the plots (default out/report: never the report package itself)")
+    parser.add_argument("--reference", default=None, help="variant label to pair every other against, e.g. grpo")
+    args = parser.parse_args(argv)
+    report = write_report([load_run(d) for d in args.run_dirs], args.out, reference=args.reference)
+    print(report.markdown)
+    print(f"wrote {len(report.files)} files to {report.directory}")
+
+
+if __name__ == "__main__":
+    main()
