@@ -7,6 +7,7 @@
 - `postgres_uri`: a fresh database on the local PostgreSQL server, dropped at the end.
 - `free_port`: a free loopback port.
 - `ui_stack`: `make ui` (infra/ui.py start) on free, non-default ports with its own ADA_HOME, once.
+- `prefect_api`: `with prefect_api(url):` talks to (and runs flows against) another Prefect server.
 - `vllm_server`: one real vLLM server (from `.venv-vllm`, `make vllm-env`) serving the tiny model;
   runs attach to it with `rollout.vllm.base_url` and load their own weights into it first.
 """
@@ -17,6 +18,7 @@ import importlib.util
 import os
 import socket
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -100,6 +102,37 @@ def infra_ui():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@contextmanager
+def on_prefect_server(api_url: str, drain_timeout_s: float = 60):
+    """PREFECT_API_URL=api_url inside the block, Prefect's event stream included.
+
+    Prefect 3 records task runs from the events a flow's process emits (prefect.task-run.*), sent
+    by one process-wide `prefect.events.worker.EventsWorker`. For a self-hosted server that worker's
+    key is (PrefectEventsClient, ()), without the URL (`EventsWorker.instance`), and its client reads
+    PREFECT_API_URL once, when the worker starts. So the first server a process emits events to kept
+    receiving all of them: after a flow ran here against another server, the task runs of the
+    harness's later flows went there and never reached the harness. Draining the workers when
+    switching, both ways (what `prefect_test_harness` does on exit), sends each pending event to the
+    server it was made for and stops the worker; the next event starts one on the current URL.
+    (`drain_all` flushes and stops every Prefect queue service here, the API log workers too.)
+    """
+    from prefect.events.worker import EventsWorker
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    EventsWorker.drain_all(timeout=drain_timeout_s)
+    with temporary_settings({PREFECT_API_URL: api_url}):
+        try:
+            yield
+        finally:
+            EventsWorker.drain_all(timeout=drain_timeout_s)
+
+
+@pytest.fixture(scope="session")
+def prefect_api():
+    """`with prefect_api(url):` : `on_prefect_server`, for tests that use a Prefect server of their own."""
+    return on_prefect_server
 
 
 @pytest.fixture(scope="session")
