@@ -165,15 +165,3 @@ def vllm_server(tiny_model, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("vllm") / "server.log"
     with VLLMServer(tiny_model, dtype="float32", log_path=log_path, startup_timeout_s=600) as server:
         yield server
-
-
-LAST = ("test_fanout.py", "test_deploy.py", "test_browser.py")  # each starts a Prefect server of its own
-
-
-def pytest_collection_modifyitems(session, config, items):
-    """Run the tests that start Prefect servers of their own (fan-out, the `make ui` stack) after the rest.
-
-    Once that stack has served flow runs in this process, the task runs of later flows under the
-    test harness were missing from the harness's API (seen in full runs, never with the stack's tests
-    last), so the flows' tests run first."""
-    items.sort(key=lambda item: item.path.name in LAST)  # stable: the order within each part is kept
