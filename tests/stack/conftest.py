@@ -1,8 +1,46 @@
-"""Fixtures of the stack tier: `make ui` (infra/ui.py start) on free, non-default ports with its own ADA_HOME."""
+"""Fixtures of the stack tier, whose tests run flows against Prefect servers of their own.
+
+- `prefect_api`: `with prefect_api(url):` talks to (and runs flows against) another Prefect server,
+  Prefect's event stream included (`on_prefect_server` says why that needs more than a setting).
+- `ui_stack`: `make ui` (infra/ui.py start) on free, non-default ports with its own ADA_HOME, once.
+"""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pytest
+
+
+@contextmanager
+def on_prefect_server(api_url: str, drain_timeout_s: float = 60):
+    """PREFECT_API_URL=api_url inside the block, Prefect's event stream included.
+
+    Prefect 3 records task runs from the events a flow's process emits (prefect.task-run.*), sent
+    by one process-wide `prefect.events.worker.EventsWorker`. For a self-hosted server that worker's
+    key is (PrefectEventsClient, ()), without the URL (`EventsWorker.instance`), and its client reads
+    PREFECT_API_URL once, when the worker starts. So the first server a process emits events to kept
+    receiving all of them: after a flow ran here against another server, the task runs of the
+    harness's later flows went there and never reached the harness. Draining the workers when
+    switching, both ways (what `prefect_test_harness` does on exit), sends each pending event to the
+    server it was made for and stops the worker; the next event starts one on the current URL.
+    (`drain_all` flushes and stops every Prefect queue service here, the API log workers too.)
+    """
+    from prefect.events.worker import EventsWorker
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    EventsWorker.drain_all(timeout=drain_timeout_s)
+    with temporary_settings({PREFECT_API_URL: api_url}):
+        try:
+            yield
+        finally:
+            EventsWorker.drain_all(timeout=drain_timeout_s)
+
+
+@pytest.fixture(scope="session")
+def prefect_api():
+    """`with prefect_api(url):` : `on_prefect_server`, for tests that use a Prefect server of their own."""
+    return on_prefect_server
 
 
 @pytest.fixture(scope="session")

@@ -113,10 +113,8 @@ def test_ui_status_names_what_is_wrong(infra_ui, free_port):
 
 
 @pytest.fixture(scope="module")
-def trained(ui_stack, tmp_path_factory):
+def trained(ui_stack, tmp_path_factory, prefect_api):
     """A 2-step `train` flow run on a parquet file, in this process, against the `make ui` servers."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
     from flows.params import TrainParams
     from flows.train import train
 
@@ -131,7 +129,7 @@ def trained(ui_stack, tmp_path_factory):
         overrides={"data.dataset": str(data), "data.train_size": 32, "data.eval_size": 8, "eval_every": 1,
                    "eval_k": 2, "checkpoint_every": 0, "sft_steps": 0},
     )
-    with temporary_settings({PREFECT_API_URL: f"{state['prefect_url']}/api"}):
+    with prefect_api(f"{state['prefect_url']}/api"):
         result = train(params)
     return state, result, data, params.config()
 
@@ -186,16 +184,15 @@ def test_train_run_logs_its_data_and_budget_series(trained):
     assert len(client.get_metric_history(run.info.run_id, f"{VS_SAMPLES}/reward_mean")) == STEPS
 
 
-def test_prefect_shows_progress_and_links_to_mlflow(trained):
+def test_prefect_shows_progress_and_links_to_mlflow(trained, prefect_api):
     state, result, _, _ = trained
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, LogFilter, LogFilterFlowRunId
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     client = MlflowClient(state["mlflow_url"])
     run = client.get_run(result["run_id"])
     flow_run_id = run.data.tags["prefect.flow_run_id"]
-    with temporary_settings({PREFECT_API_URL: f"{state['prefect_url']}/api"}):
+    with prefect_api(f"{state['prefect_url']}/api"):
         with get_client(sync_client=True) as prefect:
             artifacts = prefect.read_artifacts(artifact_filter=ArtifactFilter(
                 flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))

@@ -24,15 +24,14 @@ CURATE_PARAMS = {
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
-def test_ui_serves_deployments_and_a_worker_runs_a_triggered_flow(ui_stack):
+def test_ui_serves_deployments_and_a_worker_runs_a_triggered_flow(ui_stack, prefect_api):
     home, state = ui_stack
     assert state["prefect_url"].startswith("http://127.0.0.1:") and state["mlflow_url"].startswith("http://127.0.0.1:")
     assert json.loads((home / "ui" / "servers.json").read_text())["mlflow_url"] == state["mlflow_url"]
 
     from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    with temporary_settings({PREFECT_API_URL: f"{state['prefect_url']}/api"}):
+    with prefect_api(f"{state['prefect_url']}/api"):
         with get_client(sync_client=True) as client:
             deployments = {f"{client.read_flow(d.flow_id).name}/{d.name}": d for d in client.read_deployments()}
             assert set(deployments) == {"train/train", "compare/compare", "evaluate/evaluate", "curate/curate",

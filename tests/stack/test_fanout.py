@@ -26,7 +26,7 @@ GROUP = {"variants": ["grpo", "ada-balance"], "matched_grpo": False, "seeds": [0
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory, free_port, infra_ui, postgres_uri):
+def stack(tmp_path_factory, free_port, infra_ui, postgres_uri, prefect_api):
     """Prefect server + `train` deployment + 2 workers + the limit; everything stopped at the end."""
     ui = infra_ui
     root = tmp_path_factory.mktemp("fanout")
@@ -47,9 +47,8 @@ def stack(tmp_path_factory, free_port, infra_ui, postgres_uri):
 
         from prefect.client.orchestration import get_client
         from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-        from prefect.settings import PREFECT_API_URL, temporary_settings
 
-        with temporary_settings({PREFECT_API_URL: f"{url}/api"}):
+        with prefect_api(f"{url}/api"):  # the module's flows run here, against this server
             with get_client(sync_client=True) as client:  # what `make ui` does with `prefect gcl create`
                 client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=LIMIT, limit=2))
             wait_for_workers(2)
