@@ -4,15 +4,16 @@ The tiers, cheapest first (`make test-fast` runs the first alone; `make test` ru
     fast/      no model, no server: the pure logic of every package, in well under a minute
     model/     the tiny model, DeepSpeed on CPU, in this process
     services/  real servers: vLLM (from .venv-vllm), Ray ranks, PostgreSQL, an MLflow server
-    flows/     Prefect flows under Prefect's test harness (flows/conftest.py)
+    flows/     Prefect flows under Prefect's test harness
     stack/     tests that start Prefect servers of their own: `make ui`, fan-out (stack/conftest.py)
-
 
 - `ada_home` (autouse): a fresh ADA_HOME for the whole session, so tests never touch ./.ada and
   costly builds (the tiny model, SFT warm starts, curated sets) are made once and reused.
 - `tiny_model`: the tiny model's HF folder, built once.
+- `prefect_harness`: Prefect's test harness (a temporary server and database), started once.
 - `postgres_uri`: a fresh database on the local PostgreSQL server, dropped at the end.
 - `free_port`: a free loopback port.
+- `infra_ui`: infra/ui.py (what `make ui` runs) as a module.
 - `vllm_server`: one real vLLM server (from `.venv-vllm`, `make vllm-env`) serving the tiny model;
   runs attach to it with `rollout.vllm.base_url` and load their own weights into it first.
 """
@@ -52,6 +53,17 @@ def tiny_model(ada_home):
     from ada_core.models import resolve_model
 
     return resolve_model("tiny")
+
+
+@pytest.fixture(scope="session")
+def prefect_harness(ada_home):
+    """Flows run against a temporary Prefect server; task results persist under the session's ADA_HOME."""
+    from prefect.settings import PREFECT_RESULTS_LOCAL_STORAGE_PATH, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    with temporary_settings({PREFECT_RESULTS_LOCAL_STORAGE_PATH: ada_home / "prefect" / "storage"}):
+        with prefect_test_harness(server_startup_timeout=180):
+            yield
 
 
 @pytest.fixture(scope="session")
