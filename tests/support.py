@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ada_core.config import build_config
 from ada_core.data.source import PromptSource
 from ada_core.protocols import SamplingParams
 from ada_core.run.ledger import Ledger
@@ -30,3 +31,18 @@ def simulated_run(ledgers: list[Ledger], steps: int = 3, prompts: int = 24, meth
     for ledger in ledgers:
         ledger.flush()
     return batches
+
+
+# A short run on the tiny profile: small data, frequent evaluation and checkpoints.
+SMALL = {
+    "prompts_per_step": 8,
+    "eval_every": 2,
+    "checkpoint_every": 2,
+    "data": {"train_size": 96, "eval_size": 16},
+    "eval_k": 2,
+}
+
+
+def tiny_config(preset: str, steps: int, **extra):
+    """`preset` on the tiny profile for `steps` steps, with SMALL and `extra` layered on."""
+    return build_config(preset, "tiny", overrides={**SMALL, "steps": steps, **extra})

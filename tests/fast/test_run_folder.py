@@ -3,23 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from support import tiny_config as _config
 
-from ada_core.config import build_config
 from ada_core.run.files import read_jsonl
 from ada_core.run.folder import RunDirError, check_run_dir, claim_run_dir
 from ada_core.training import setup
-
-SMALL = {
-    "prompts_per_step": 8,
-    "eval_every": 2,
-    "checkpoint_every": 2,
-    "data": {"train_size": 96, "eval_size": 16},
-    "eval_k": 2,
-}
-
-
-def _config(preset: str, steps: int, **extra):
-    return build_config(preset, "tiny", overrides={**SMALL, "steps": steps, **extra})
 
 
 def test_a_folder_without_a_run_is_taken_and_one_with_a_run_is_refused(tmp_path):

@@ -7,22 +7,14 @@ import math
 
 import pytest
 import torch
+from support import tiny_config as _config
 
 from ada_core import metrics as K
-from ada_core.config import build_config
-from ada_core.training import run_steps, setup
 from ada_core.run.checkpoints import latest_checkpoint
 from ada_core.run.files import read_metrics
+from ada_core.training import run_steps, setup
 
 pytestmark = pytest.mark.slow
-
-SMALL = {
-    "prompts_per_step": 8,
-    "eval_every": 2,
-    "checkpoint_every": 2,
-    "data": {"train_size": 96, "eval_size": 16},
-    "eval_k": 2,
-}
 
 # Every step must log these, whatever the preset: the budget and time split make comparisons honest.
 REQUIRED = [
@@ -35,10 +27,6 @@ REQUIRED = [
     K.TRAIN_LOSS, K.TRAIN_ENTROPY, K.TRAIN_CLIP_FRAC, K.TRAIN_APPROX_KL, K.TRAIN_GRAD_NORM, K.TRAIN_LR,
     K.THROUGHPUT_GEN_TOKENS_PER_S, "verifier/ok",
 ]
-
-
-def _config(preset: str, steps: int, **extra):
-    return build_config(preset, "tiny", overrides={**SMALL, "steps": steps, **extra})
 
 
 @pytest.mark.parametrize("preset", ["grpo", "ada-balance"])
