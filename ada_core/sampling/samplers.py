@@ -21,8 +21,9 @@ chosen by `SamplerConfig.name`, answer this differently:
 - `budgeted` (ours, beyond the paper): GRPO's B x n samples a step (or `sampler.budget`), spent by a
   history-informed allocation policy; `BudgetedSampler` below and ada_core/sampling/allocation.py.
 
-Every sampler draws through `draw_and_score` (one engine call plus the verifier, with the input
-checks) and reports `ada_core.sampling.step_metrics.step_metrics`. The rng passed to `sample` seeds
+Every sampler is built from the round primitives of rounds.py: it draws through `draw_and_score`
+(one engine call plus the verifier, with the input checks), builds groups with `make_group` and
+reports `step_metrics` (step_metrics.py) through `finish_batch`. The rng passed to `sample` seeds
 every engine call and every downsampling draw, so a step is reproducible given its rng.
 """
 
