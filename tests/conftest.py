@@ -109,36 +109,11 @@ def infra_ui():
     return module
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _vllm_server_starting(request, tmp_path_factory):
-    """Start the shared vLLM server in the background as the session begins, when any collected test
-    uses it: its 20-60 s start-up then runs on the second core while the fast and model tiers run on
-    the first, instead of in front of the first vLLM test. Yields a future of the started server
-    (None when no test needs one); stopped at the end, however the start ended."""
-    if not any("vllm_server" in getattr(item, "fixturenames", ()) for item in request.session.items):
-        yield None
-        return
-    from concurrent.futures import ThreadPoolExecutor
-
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model, tmp_path_factory):
+    """A vLLM server on the tiny model, started once (20-60 s on these CPUs) and stopped at the end."""
     from ada_core.engines.vllm_server import VLLMServer
 
-    server = VLLMServer(request.getfixturevalue("tiny_model"), dtype="float32",
-                        log_path=tmp_path_factory.mktemp("vllm") / "server.log", startup_timeout_s=600)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-server-start") as pool:
-        starting = pool.submit(server.start)
-        try:
-            yield starting
-        finally:
-            starting.cancel()
-            try:
-                starting.result()  # a start still in progress ends (or fails) before the stop
-            except Exception:
-                pass
-            server.stop()
-
-
-@pytest.fixture(scope="session")
-def vllm_server(_vllm_server_starting):
-    """A vLLM server on the tiny model, started once (in the background, from the session's start) and
-    stopped at the end; a test that needs it waits here until it answers."""
-    return _vllm_server_starting.result()
+    log_path = tmp_path_factory.mktemp("vllm") / "server.log"
+    with VLLMServer(tiny_model, dtype="float32", log_path=log_path, startup_timeout_s=600) as server:
+        yield server
