@@ -1,29 +1,33 @@
-"""Typed configs, algorithm presets and scale profiles: the schema every entry point validates against.
+"""Typed configs, algorithm presets and scale profiles: what every entry point validates against.
 
-`build_config` layers defaults < scale profile < preset < config file < `--set` overrides (schema.py).
+- `schema`: the pydantic models (`TrainConfig` and its sections), `validate_config`, `flat_params`.
+- `presets`: the algorithm presets, the scale profiles, and `build_config`, which layers defaults <
+  scale profile < preset < config file < `--set` overrides.
 """
 
-from ada_core.config.schema import (
-    SamplerConfig,
-    AdvantageConfig,
-    LossConfig,
-    OptimConfig,
-    VLLMConfig,
-    RolloutConfig,
-    DataConfig,
-    LedgerConfig,
-    CheckpointConfig,
-    DistributedConfig,
-    TrainConfig,
+from ada_core.config.presets import (
     PRESETS,
     PROFILES,
+    build_config,
     deep_merge,
     parse_set,
-    build_config,
+)
+from ada_core.config.schema import (
+    AdvantageConfig,
+    CheckpointConfig,
     ConfigError,
-    validate_config,
-    format_validation_error,
+    DataConfig,
+    DistributedConfig,
+    LedgerConfig,
+    LossConfig,
+    OptimConfig,
+    RolloutConfig,
+    SamplerConfig,
+    TrainConfig,
+    VLLMConfig,
     flat_params,
+    format_validation_error,
+    validate_config,
 )
 
 __all__ = [

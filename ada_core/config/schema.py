@@ -1,25 +1,19 @@
-"""Typed configs, algorithm presets and scale profiles.
+"""Typed configs: the pydantic schema every entry point validates against.
 
-One pydantic schema serves the CLI (`--set sampler.M=8`), YAML config files and Prefect's UI forms,
-so every field carries a description: what it controls, its units, and where its default comes from
+One schema serves the CLI (`--set sampler.M=8`), YAML config files and Prefect's UI forms, so every
+field carries a description: what it controls, its units, and where its default comes from
 (`paper` = arXiv 2510.04996, `ref` = the public `run_reinforce_ada.sh`, `ours` = our choice).
-
-Algorithm presets (`grpo`, `dapo`, `ada-pos`, `ada-balance`) say *what* algorithm runs; scale
-profiles (`tiny`, `smollm2-135m`, `paper`) say *how big*: prompts per step, lengths and learning
-rate suit a model size, and the paper's values do not suit a tiny model. `build_config` layers
-defaults < scale profile < preset < config file < `--set` overrides.
+The presets and profiles that fill it are in presets.py.
 """
 
 from __future__ import annotations
 
-import copy
 import re
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from ada_core.errors import InputError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ada_core.errors import InputError
 
 
 class _Strict(BaseModel):
@@ -391,153 +385,6 @@ class TrainConfig(_Strict):
             raise ValueError(f"sampler.schedule: 'streaming' needs rollout.engine: vllm (per-sample requests with "
                              f"abort); rollout.engine={self.rollout.engine!r} serves only schedule: rounds")
         return self
-
-
-# Each preset sets only what defines the algorithm; the comment on each value gives its source.
-PRESETS: dict[str, dict[str, Any]] = {
-    "grpo": {
-        "sampler": {"name": "fixed", "n": 4},  # paper's GRPO baseline, n=4
-        "advantage": {"name": "grpo"},  # ref GRPO script: group mean/std
-        "optim": {"weight_decay": 0.01},  # ref GRPO script (verl's default); Ada's uses 0
-    },
-    "dapo": {
-        "sampler": {"name": "dynamic_filter", "n": 4, "max_gen_batches": 3},  # DAPO; cap is ours
-        "advantage": {"name": "grpo"},
-        "optim": {"weight_decay": 0.01},
-    },
-    # M and N are left to SamplerConfig's defaults (ref: M=8, N=4) so a scale profile can set them:
-    # presets layer over profiles, and the `tiny` profile's M=4 would otherwise never apply.
-    "ada-pos": {
-        "sampler": {"name": "ada", "exit_rule": "pos", "n": 4},  # paper + ref
-        "advantage": {"name": "global_mean"},  # ref: global statistics on, no std
-    },
-    "ada-balance": {
-        "sampler": {"name": "ada", "exit_rule": "balance", "n": 4},  # ref default variant
-        "advantage": {"name": "global_mean"},
-    },
-    # Fixed budget = GRPO's B x n samples a step (ours; docs/ALGORITHM.md gives each idea's source).
-    "ada-est": {
-        "sampler": {"name": "budgeted", "allocation": "posterior", "n": 4},  # Knapsack RL / VIP / MoPPS
-        "advantage": {"name": "global_mean"},  # pool-mean baseline, as Ada
-    },
-    "ada-budget": {
-        "sampler": {"name": "budgeted", "allocation": "elimination", "n": 4},  # Ada rounds + GRESO skip
-        "advantage": {"name": "global_mean"},
-    },
-}
-
-PROFILES: dict[str, dict[str, Any]] = {
-    # The paper's 7B setting (ref script): 512 prompts, 2048 tokens, lr 1e-6.
-    "paper": {
-        "prompts_per_step": 512,
-        "steps": 400,
-        "eval_k": 32,
-        "optim": {"lr": 1e-6, "warmup_steps": 10, "mini_batches": 4},
-        "rollout": {"max_tokens": 2048},
-    },
-    # SmolLM2-135M on CPU: short answers, few prompts. Ours.
-    "smollm2-135m": {
-        "model": "smollm2-135m",
-        "prompts_per_step": 8,
-        "steps": 20,
-        "eval_every": 5,
-        "eval_k": 4,
-        "checkpoint_every": 10,
-        "optim": {"lr": 1e-6, "warmup_steps": 2, "mini_batches": 1, "micro_batch_size": 8},
-        "rollout": {"max_tokens": 64, "micro_batch_size": 32},
-        "data": {"train_size": 512, "eval_size": 32, "curation_k": 8},
-        "sampler": {"M": 4},
-    },
-    # The tiny Llama on `a+b=` arithmetic: DESIGN.md's CPU calibration point. Ours.
-    "tiny": {
-        "model": "tiny",
-        "prompts_per_step": 32,
-        "steps": 60,
-        "eval_every": 10,
-        "eval_k": 4,
-        "checkpoint_every": 20,
-        "sft_steps": 600,  # 48% pass on the train pool, 26% held out, ~75 s (BENCHMARKS.md)
-        "optim": {"lr": 3e-4, "warmup_steps": 2, "mini_batches": 1, "micro_batch_size": 128},
-        "rollout": {"max_tokens": 8, "micro_batch_size": 256},
-        "data": {"dataset": "arithmetic", "train_size": 2048, "eval_size": 128, "curation_k": 8,
-                 "pass_rate_ceiling": 0.875},
-        "sampler": {"M": 4},
-    },
-}
-
-
-def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
-_SCIENTIFIC = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
-
-
-def parse_set(assignments: list[str]) -> dict[str, Any]:
-    """Turn `["sampler.M=8", "loss.dual_clip_c=null"]` into a nested dict (values parsed as YAML)."""
-    out: dict[str, Any] = {}
-    for item in assignments:
-        if "=" not in item:
-            raise ValueError(f"--set {item!r}: expected key=value, e.g. sampler.M=8")
-        key, raw = item.split("=", 1)
-        parts = key.strip().split(".")
-        if not all(parts):
-            raise ValueError(f"--set {item!r}: empty key segment")
-        node = out
-        for depth, part in enumerate(parts[:-1]):
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ValueError(f"--set {item!r}: {'.'.join(parts[: depth + 1])} was already set to a value")
-        if isinstance(node.get(parts[-1]), dict):
-            raise ValueError(f"--set {item!r}: {key.strip()} already has nested settings")
-        value = yaml.safe_load(raw)
-        if isinstance(value, str) and _SCIENTIFIC.match(value):
-            value = float(value)  # YAML 1.1 reads `3e-4` (no dot) as a string
-        node[parts[-1]] = value
-    return out
-
-
-def build_config(
-    preset: str = "grpo",
-    profile: str = "tiny",
-    config_file: str | Path | None = None,
-    overrides: dict[str, Any] | None = None,
-) -> TrainConfig:
-    """Layer defaults < profile < preset < config file < overrides, then validate.
-
-    A bad value raises `ConfigError` naming the dotted field, e.g. `sampler.n: ...`.
-    """
-    if preset not in PRESETS:
-        raise ConfigError(f"preset: unknown {preset!r}; choose from {sorted(PRESETS)}")
-    if profile not in PROFILES:
-        raise ConfigError(f"profile: unknown {profile!r}; choose from {sorted(PROFILES)}")
-    merged = deep_merge(PROFILES[profile], PRESETS[preset])
-    merged = deep_merge(merged, {"preset": preset, "profile": profile})
-    if config_file is not None:
-        path = Path(config_file)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist")
-        try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-            problem = getattr(err, "problem", None) or str(err)
-            raise ConfigError(f"config file {path}:{where}: not valid YAML ({problem})") from None
-        except UnicodeDecodeError as err:
-            raise ConfigError(f"config file {path}: byte {err.start}: not valid UTF-8") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {path}: expected a mapping at the top level")
-        merged = deep_merge(merged, loaded)
-    if overrides:
-        merged = deep_merge(merged, overrides)
-    return validate_config(merged)
 
 
 class ConfigError(InputError, ValueError):
