@@ -29,8 +29,7 @@ from ada_core.config import TrainConfig
 from ada_core.data import data_digest
 from ada_core.paths import runs_dir
 from ada_core.run.checkpoints import NoCheckpoint, latest_checkpoint
-from ada_core.run import files
-from ada_core.run.files import PER_STEP_FILES, RUN_INFO, read_metrics
+from ada_core.run.files import PER_STEP_FILES, RESULT, RUN_INFO, read_metrics
 from ada_core.run.folder import check_run_dir
 from ada_core.training import run_steps, setup
 from flows import resume as resuming
@@ -186,7 +185,7 @@ def train_run(params: TrainParams) -> dict[str, Any]:
         "tracking_uri": uri, "model_artifact": artifact, "registered_version": version, "metrics": final,
         "num_params": state.num_params,
     }
-    (out / files.RESULT).write_text(json.dumps(result, indent=2) + "\n")  # last: the run is finished
+    (out / RESULT).write_text(json.dumps(result, indent=2) + "\n")  # last: the run is finished
     return result
 
 

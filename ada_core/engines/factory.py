@@ -53,7 +53,7 @@ def vllm_rollout_engine(config, model_dir: Path, module: Any, output_dir: Path, 
     `base_url` with `module`'s weights loaded into it; with `num_servers > 1` or `base_urls`, a
     `VLLMServerPool` of them (vllm_pool.py)."""
     from ada_core.engines.vllm_engine import VLLMRolloutEngine
-    from ada_core.engines.vllm_server import VLLMServer, check_engine_config
+    from ada_core.engines.vllm_server import check_engine_config
 
     check_engine_config(config)
     v = config.rollout.vllm
@@ -61,12 +61,7 @@ def vllm_rollout_engine(config, model_dir: Path, module: Any, output_dir: Path, 
         return _vllm_pool(config, model_dir, module, output_dir, weight_version)
     server = None
     if v.base_url is None:
-        dtype = v.dtype if v.dtype != "auto" else ("bfloat16" if config.optim.precision == "bf16" else "float32")
-        server = VLLMServer(model_dir, max_model_len=v.max_model_len, dtype=dtype, port=v.port,
-                            log_path=Path(output_dir) / "vllm-server.log",
-                            gpu_memory_utilization=v.gpu_memory_utilization, cpu_kvcache_gib=v.cpu_kvcache_gib,
-                            enforce_eager=v.enforce_eager, enable_sleep_mode=v.sleep_during_update,
-                            startup_timeout_s=v.startup_timeout_s, extra_args=v.extra_args).start()
+        server = _server(config, model_dir, Path(output_dir) / "vllm-server.log", v.port).start()
     try:
         engine = VLLMRolloutEngine(server.base_url if server else v.base_url, server=server, concurrency=v.concurrency,
                                    request_timeout_s=v.request_timeout_s, sync_root=v.sync_dir,
@@ -90,7 +85,6 @@ def _vllm_pool(config, model_dir: Path, module: Any, output_dir: Path, weight_ve
 
     from ada_core.engines.vllm_engine import VLLMRolloutEngine
     from ada_core.engines.vllm_pool import VLLMServerPool, cpu_blocks
-    from ada_core.engines.vllm_server import VLLMServer
 
     v = config.rollout.vllm
     common = dict(concurrency=v.concurrency, request_timeout_s=v.request_timeout_s, sync_root=v.sync_dir,
@@ -103,12 +97,7 @@ def _vllm_pool(config, model_dir: Path, module: Any, output_dir: Path, weight_ve
             pool.close()
             raise
         return pool
-    dtype = v.dtype if v.dtype != "auto" else ("bfloat16" if config.optim.precision == "bf16" else "float32")
-    servers = [VLLMServer(model_dir, max_model_len=v.max_model_len, dtype=dtype, port=v.port + i if v.port else 0,
-                          log_path=Path(output_dir) / f"vllm-server-{i}.log",
-                          gpu_memory_utilization=v.gpu_memory_utilization, cpu_kvcache_gib=v.cpu_kvcache_gib,
-                          enforce_eager=v.enforce_eager, enable_sleep_mode=v.sleep_during_update,
-                          startup_timeout_s=v.startup_timeout_s, extra_args=v.extra_args)
+    servers = [_server(config, model_dir, Path(output_dir) / f"vllm-server-{i}.log", v.port + i if v.port else 0)
                for i in range(v.num_servers)]
     for server, cores in zip(servers, cpu_blocks(len(servers))):
         if not server.cuda and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
@@ -131,3 +120,16 @@ def _vllm_pool(config, model_dir: Path, module: Any, output_dir: Path, weight_ve
             s.stop()
         raise
     return pool
+
+
+def _server(config, model_dir: Path, log_path: Path, port: int):
+    """A (not yet started) vLLM server on `model_dir` as `config.rollout.vllm` describes it; `dtype: auto`
+    follows the trainer's precision."""
+    from ada_core.engines.vllm_server import VLLMServer
+
+    v = config.rollout.vllm
+    dtype = v.dtype if v.dtype != "auto" else ("bfloat16" if config.optim.precision == "bf16" else "float32")
+    return VLLMServer(model_dir, max_model_len=v.max_model_len, dtype=dtype, port=port, log_path=log_path,
+                      gpu_memory_utilization=v.gpu_memory_utilization, cpu_kvcache_gib=v.cpu_kvcache_gib,
+                      enforce_eager=v.enforce_eager, enable_sleep_mode=v.sleep_during_update,
+                      startup_timeout_s=v.startup_timeout_s, extra_args=v.extra_args)

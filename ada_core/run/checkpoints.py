@@ -8,7 +8,6 @@ files all match their manifest; each one it passes over is reported by name with
 (a flipped byte, a truncated file, a missing file). A flipped byte in `model.safetensors` loads
 without complaint and trains on NaNs, hence the hash rather than a size check.
 
-
 Cost: one extra read of the checkpoint's bytes when saving and one when resuming
 (docs/BENCHMARKS.md, Reliability).
 """
@@ -21,6 +20,8 @@ import logging
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ada_core.run import files
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +92,16 @@ class CheckpointChoice:
         lines.append(f"resuming from {self.path.name}" if self.path else "no good checkpoint left")
         return "; ".join(lines)
 
+    @property
+    def damaged(self) -> bool:
+        """A passed-over checkpoint had its COMPLETE marker: a finished save that failed its manifest
+        (a half-written one is normal after a crash)."""
+        return any((p / COMPLETE).is_file() for p, _ in self.rejected)
+
 
 def checkpoint_dirs(run_dir: Path) -> list[Path]:
     """Every `step_N` folder (complete or not), oldest first."""
-    root = Path(run_dir) / "checkpoints"
+    root = Path(run_dir) / files.CHECKPOINTS
     return sorted(p for p in root.glob("step_*") if p.is_dir()) if root.is_dir() else []
 
 
@@ -122,7 +129,7 @@ def prune_checkpoints(run_dir: Path, keep_last: int, newest_good: Path) -> list[
     folders = checkpoint_dirs(run_dir)
     keep = set(folders[-keep_last:]) | {newest_good}
     removed = [p for p in folders if p not in keep and p.name < newest_good.name]
-    removed += [p for p in (Path(run_dir) / "checkpoints").glob(".tmp_step_*")
+    removed += [p for p in (Path(run_dir) / files.CHECKPOINTS).glob(".tmp_step_*")
                 if p.name.removeprefix(".tmp_") < newest_good.name]
     for path in removed:
         shutil.rmtree(path, ignore_errors=True)

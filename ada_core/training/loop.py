@@ -39,7 +39,7 @@ from ada_core.records import Prompt, RolloutBatch
 from ada_core.rl.rewards import MathVerifier
 from ada_core.run import files
 from ada_core.run.checkpoints import (
-    COMPLETE, CheckpointChoice, NoCheckpoint, latest_good_checkpoint, mark_complete, prune_checkpoints,
+    CheckpointChoice, NoCheckpoint, latest_good_checkpoint, mark_complete, prune_checkpoints,
 )
 from ada_core.run.folder import check_run_dir, claim_run_dir
 from ada_core.run.ledger import Ledger
@@ -128,7 +128,7 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
     if resume and checkpoint is None:
         detail = "".join(f"; {p.name}: {why}" for p, why in choice.rejected)
         raise NoCheckpoint(f"--resume {resume}: no complete checkpoint under {Path(resume) / files.CHECKPOINTS}{detail}",
-                           damaged=any((p / COMPLETE).is_file() for p, _ in choice.rejected))
+                           damaged=choice.damaged)
     if choice is not None and choice.rejected:
         log.warning("--resume %s: %s", resume, choice.describe())
     check_run_dir(output_dir, resume=resume, overwrite=overwrite)  # refuse early; claimed once inputs are read
@@ -256,7 +256,7 @@ def save_checkpoint(state: RunState) -> Path:
     """Write HF weights, optimizer, RNG states and the data cursor; atomically (tmp dir, then rename)."""
     if state.ledger is not None:
         state.ledger.flush()  # every row up to this step is committed before the checkpoint exists
-    root = state.output_dir / "checkpoints"
+    root = state.output_dir / files.CHECKPOINTS
     final = root / f"step_{state.step:06d}"
     tmp = root / f".tmp_step_{state.step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
