@@ -13,6 +13,7 @@ import signal
 import httpx
 import numpy as np
 import pytest
+import support
 import torch
 
 from ada_core import metrics as K
@@ -22,19 +23,13 @@ from ada_core.engines.vllm_server import VLLMServerError
 from ada_core.models import load_policy
 from ada_core.protocols import SamplingParams
 from ada_core.records import Prompt
+from ada_core.run.files import read_metrics
 from ada_core.sampling import make_sampler
 from ada_core.training import rollout_step, run_steps, setup
-from ada_core.run.files import read_metrics
 
 pytestmark = pytest.mark.slow
 
-SMALL = {
-    "prompts_per_step": 8,
-    "eval_every": 2,
-    "checkpoint_every": 0,
-    "data": {"train_size": 96, "eval_size": 16},
-    "eval_k": 2,
-}
+SMALL = {**support.SMALL, "checkpoint_every": 0}  # the trainer tests' short run, without checkpoints
 
 
 @pytest.fixture(scope="module")
