@@ -33,7 +33,8 @@ lr * min(1, (s+1)/warmup_steps)), then constant. Weight decay applies to matrice
 biases. An empty list of groups performs no step and returns zero metrics (importance ratios 1).
 
 Device and precision follow DeepSpeed's accelerator (CUDA when torch sees a GPU, else CPU; the
-`DS_ACCELERATOR` variable forces one): the model moves to it, and `optim.precision=bf16` turns on
+`DS_ACCELERATOR` variable forces one): the model moves to it (and the frozen reference model, cast to the
+policy's dtype), and `optim.precision=bf16` turns on
 DeepSpeed's bf16 mode, which casts the shared model to bfloat16 (so the in-process rollout engine
 samples in bf16 too) and keeps fp32 master weights in the optimizer.
 """
@@ -87,11 +88,16 @@ class DeepSpeedUpdateEngine(UpdateEngine):
         # Dr. GRPO's constant length normaliser (the trainer passes rollout.max_tokens); None = the longest
         # response of each mini-batch, for direct use without a rollout config.
         self.max_response_len = max_response_len
-        self.ref_model = ref_model if (ref_model is not None and loss_cfg.kl_coef > 0) else None
-        if self.ref_model is not None:
-            self.ref_model.eval().requires_grad_(False)
+        if loss_cfg.kl_coef > 0 and ref_model is None:
+            raise ValueError(f"loss.kl_coef={loss_cfg.kl_coef:g} needs a reference model (ref_model): without one "
+                             "the KL term would silently be off")
+        self.ref_model = ref_model if loss_cfg.kl_coef > 0 else None
         self._shuffle = torch.Generator().manual_seed(seed)
         self.engine, self.optimizer, self.scheduler = _initialize(model, optim_cfg)
+        if self.ref_model is not None:
+            # Frozen, on the engine's device and in the policy's dtype (bf16 when DeepSpeed cast the policy).
+            dtype = next(self.module.parameters()).dtype
+            self.ref_model.to(device=self.engine.device, dtype=dtype).eval().requires_grad_(False)
         params = inspect.signature(self.module.forward).parameters
         self._keep_kwarg = "logits_to_keep" if "logits_to_keep" in params else None
 
@@ -309,6 +315,13 @@ def collate(seqs: list[dict], pad_token_id: int, device: torch.device | str = "c
         "keep": torch.tensor([1.0 if s.get("keep", True) else 0.0 for s in seqs]),
     }
     return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in out.items()}
+
+
+def load_reference(reference_dir: str | Path):
+    """The frozen reference policy in `reference_dir` (float32 on the CPU; the engine moves and casts it)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32).eval().requires_grad_(False)
 
 
 def check_world_size(path: Path, saved: int, current: int) -> None:

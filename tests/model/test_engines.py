@@ -307,6 +307,17 @@ def test_kl_to_reference_is_zero_then_grows(make_updater, tiny, prompts):
     assert second[K.TRAIN_KL_REF] > 1e-5
 
 
+def test_the_reference_follows_the_engine_and_is_never_silently_missing(make_updater, tiny):
+    model, _ = tiny
+    updater = make_updater(loss=LossConfig(kl_coef=0.1), ref_model=copy.deepcopy(model), precision="bf16")
+    ref = next(updater.ref_model.parameters())
+    # On the engine's device (CUDA when there is one) and in the policy's dtype, frozen.
+    assert ref.device == next(updater.module.parameters()).device == torch.device(updater.engine.device)
+    assert ref.dtype == next(updater.module.parameters()).dtype == torch.bfloat16 and not ref.requires_grad
+    with pytest.raises(ValueError, match="kl_coef=0.1 needs a reference model"):
+        make_updater(loss=LossConfig(kl_coef=0.1))
+
+
 def test_save_load_round_trips_optimizer_and_resumes_identically(make_updater, tiny, prompts, tmp_path):
     _, tokenizer = tiny
     a = make_updater(mini_batches=2, warmup_steps=3)
