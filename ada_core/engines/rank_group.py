@@ -48,7 +48,8 @@ from typing import Any
 
 import torch
 
-from ada_core.engines.deepspeed_engine import _STATE_FILE, DeepSpeedUpdateEngine, check_world_size, load_reference
+from ada_core.engines.deepspeed_engine import (_STATE_FILE, DeepSpeedUpdateEngine, check_world_size, load_reference,
+                                              load_state, save_state)
 from ada_core.engines.update_plan import (balance_by_tokens, flatten, local_steps, plan_update, update_metrics,
                                           zero_metrics)
 from ada_core.protocols import SamplingParams, UpdateEngine
@@ -327,7 +328,7 @@ class RankGroup(UpdateEngine):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self._gather([a.save.remote(str(directory / f"rank_{r}")) for r, a in enumerate(self._actors)], "save")
-        torch.save({"world_size": self.num_ranks, "shuffle_rng": self._shuffle.get_state(),
+        save_state({"world_size": self.num_ranks, "shuffle_rng": self._shuffle.get_state(),
                     "global_steps": self._steps, "zero_stage": self.optim_cfg.zero_stage,
                     "precision": self.optim_cfg.precision}, directory / _STATE_FILE)
         return directory
@@ -336,7 +337,7 @@ class RankGroup(UpdateEngine):
         path = Path(directory) / _STATE_FILE
         if not path.is_file():
             raise FileNotFoundError(f"no update-engine state at {path}")
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = load_state(path)
         check_world_size(path, state.get("world_size", 1), self.num_ranks)
         folders = [str(Path(directory) / f"rank_{r}") for r in range(self.num_ranks)]
         self._gather([a.load.remote(folders[r], folders) for r, a in enumerate(self._actors)], "load")

@@ -34,6 +34,7 @@ from ada_core import metrics as K
 from ada_core.config import TrainConfig
 from ada_core.data import load_prompts, split_prompts
 from ada_core.data.source import PromptSource
+from ada_core.engines.deepspeed_engine import load_state
 from ada_core.engines.factory import build_rollout_engine, build_update_engine
 from ada_core.errors import DatasetError
 from ada_core.models import encode_prompts, load_policy
@@ -317,7 +318,7 @@ def _restore(state: RunState, checkpoint: Path) -> None:
     random.setstate(_python_rng(saved["python_rng"]))
     if saved.get("sampler") is not None:
         state.sampler.load_state_dict(saved["sampler"])
-    torch.set_rng_state(torch.load(checkpoint / "torch_rng.pt"))
+    torch.set_rng_state(load_state(checkpoint / "torch_rng.pt"))
     state.updater.load(checkpoint / "optimizer")
     for name in files.PER_STEP_FILES:
         files.trim_jsonl(checkpoint.parents[1] / name, state.output_dir / name, state.step)

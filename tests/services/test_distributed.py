@@ -249,7 +249,7 @@ def test_checkpoints_hold_every_ranks_state_and_refuse_another_world_size(groups
         group.update(_batch(tokenizer, 0))
     steps = group.optimizer_steps
     group.save(tmp_path / "opt")
-    shards = [torch.load(tmp_path / "opt" / f"rank_{r}" / "update_engine.pt", weights_only=False) for r in range(2)]
+    shards = [torch.load(tmp_path / "opt" / f"rank_{r}" / "update_engine.pt", weights_only=True) for r in range(2)]
     assert all(s["world_size"] == 2 and s["zero_stage"] == 2 for s in shards)
     assert shards[0]["optimizer"] is not None and shards[1]["optimizer"] is not None
     single = DeepSpeedUpdateEngine(copy.deepcopy(policy[0]), LossConfig(), OptimConfig(**OPTIM, zero_stage=2),
