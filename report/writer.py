@@ -70,7 +70,8 @@ def write_report(runs: list[RunCurves], out_dir: str | Path, title: str = "Compa
         paired_md = [
             f"Paired differences from `{reference}` (same seed and regime): held-out avg@k at the budget both "
             "runs reached, read off each eval curve by linear interpolation; mean over seeds with a 95% "
-            "t-interval (report/paired.py).",
+            "t-interval (report/paired.py). A seed with no evaluation to read at that budget is excluded "
+            "from the mean and the count, and named in the seeds column.",
             "",
             paired_table(pairs),
             "",
