@@ -84,6 +84,22 @@ def worker(args) -> dict:
     }
 
 
+def available_gib() -> float:
+    with open("/proc/meminfo") as fh:
+        fields = dict(line.split(":", 1) for line in fh)
+    return int(fields["MemAvailable"].split()[0]) / 2**20
+
+
+def wait_for_memory(gib: float, limit_s: float = 1800) -> None:
+    """On a shared machine, start a worker only once `gib` GiB are available, so its peak does not
+    push another job into the OOM killer."""
+    deadline = time.monotonic() + limit_s
+    while gib > 0 and available_gib() < gib:
+        if time.monotonic() > deadline:
+            sys.exit(f"fewer than {gib} GiB available for {limit_s:.0f}s; not starting a worker")
+        time.sleep(10)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny", help="tiny or smollm2-135m")
@@ -93,6 +109,8 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=5)
     parser.add_argument("--pairs", type=int, default=2, help="off/on process pairs, alternating")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--min-free-gib", type=float, default=0.0,
+                        help="wait until this much memory is available before each worker (shared machines)")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--kl", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -106,6 +124,7 @@ def main() -> None:
     rows = []
     for pair in range(args.pairs):
         for kl in (0.0, 0.05):
+            wait_for_memory(args.min_free_gib)
             done = subprocess.run([sys.executable, __file__, "--worker", f"--kl={kl}", *passthrough],
                                   capture_output=True, text=True, check=False)
             line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
