@@ -3,7 +3,7 @@ without it, side by side in one run. Results go to docs/BENCHMARKS.md `## KL cos
 
     ADA_HOME=/tmp/ada_bench_home .venv/bin/python benchmarks/kl_cost.py --model tiny
     ADA_HOME=/tmp/ada_bench_home .venv/bin/python benchmarks/kl_cost.py --model smollm2-135m --prompts 2 \
-        --max-tokens 16 --micro-batch 8 --updates 2 --pairs 1
+        --max-tokens 16 --micro-batch 8 --updates 1 --pairs 1 --min-free-gib 6.5
 
 Each measurement is a fresh process (so its peak RSS is its own), built the way a run builds its
 update engine: `build_update_engine` from the profile's config with `loss.kl_coef` 0 or 0.05, the
