@@ -240,15 +240,15 @@ def test_a_crash_in_the_final_checkpoints_send_loses_nothing_on_resume(resume_en
     client, name, out, crashed = resume_env, f"crash-in-{crash_in}", tmp_path / "run", []
     params = {**TRAIN, "steps": 2, "register_as": name, "experiment": "resume-crash"}
     if crash_in == "metrics":
-        send = tracking_logger.RunLogger.send
+        on_checkpoint = tracking_logger.RunLogger.on_checkpoint
 
-        def crash(self, rows):
-            if not crashed and any(m.key == K.TIME_STEP_S and m.step == 2 for row in rows for m in row):
+        def crash(self, step, path):
+            if not crashed and step == 2:
                 crashed.append(True)
                 raise RuntimeError("injected crash: sending the final checkpoint's metrics")
-            send(self, rows)
+            on_checkpoint(self, step, path)
 
-        monkeypatch.setattr(tracking_logger.RunLogger, "send", crash)
+        monkeypatch.setattr(tracking_logger.RunLogger, "on_checkpoint", crash)
     else:
         upload = tracking_logger.log_checkpoint
 
