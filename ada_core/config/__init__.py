@@ -4,6 +4,9 @@
 - `presets`: the algorithm presets (and `ALGORITHM_FIELDS`, the only fields they set), the scale
   profiles, and `build_config`, which layers defaults <
   scale profile < preset < config file < `--set` overrides.
+- `applies`: where each field applies (`ALWAYS`, `LABEL`, `when(...)`, declared next to its description):
+  MLflow's `n/a`, docs/CONFIG.md (`python -m ada_core.config`) and the refusal of a field set where it is
+  never read all read it.
 """
 
 from ada_core.config.presets import (
