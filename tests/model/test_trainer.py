@@ -7,9 +7,11 @@ import math
 
 import pytest
 import torch
+from support import SMALL
 from support import tiny_config as _config
 
 from ada_core import metrics as K
+from ada_core.config import build_config
 from ada_core.run.checkpoints import latest_checkpoint
 from ada_core.run.files import read_metrics
 from ada_core.training import run_steps, setup
@@ -91,7 +93,12 @@ def test_resume_gives_the_same_next_prompts(tmp_path):
 
 # No SFT warm start (every advantage 0 on the untrained model): the entropy bonus gives each step a
 # gradient, so the policy leaves its initial weights and the KL term has something to pull back.
-KL_RUN = {"sft_steps": 0, "eval_every": 0, "checkpoint_every": 0, "ledger": {"enabled": False}}
+def _kl_config(steps: int, kl_coef: float):
+    """SMALL's data and batch, no evaluation, one checkpoint at the end."""
+    return build_config("grpo", "tiny", overrides={
+        "steps": steps, "prompts_per_step": SMALL["prompts_per_step"], "data": SMALL["data"], "sft_steps": 0,
+        "eval_every": 0, "checkpoint_every": 0, "ledger": {"enabled": False},
+        "loss": {"entropy_coef": 0.05, "kl_coef": kl_coef}})
 
 
 def _weights(module) -> dict[str, torch.Tensor]:
@@ -100,7 +107,7 @@ def _weights(module) -> dict[str, torch.Tensor]:
 
 def _kl_run(out, kl_coef: float, steps: int = 2):
     """A run with nothing injected; returns its initial and final weights."""
-    state = setup(_config("grpo", steps=steps, loss={"entropy_coef": 0.05, "kl_coef": kl_coef}, **KL_RUN), out)
+    state = setup(_kl_config(steps, kl_coef), out)
     try:
         initial = _weights(state.updater.module)
         run_steps(state)
@@ -134,7 +141,7 @@ def test_a_resumed_kl_run_keeps_its_initial_weights_as_reference(kl_runs, tmp_pa
     from ada_core.run.reference import ReferenceWeightsError
 
     root, _, (initial, final) = kl_runs
-    config = _config("grpo", steps=3, loss={"entropy_coef": 0.05, "kl_coef": 1.0}, **KL_RUN)
+    config = _kl_config(3, 1.0)
     resumed = setup(config, tmp_path / "resumed", resume=root / "on")
     try:
         ref = _weights(resumed.updater.ref_model)
