@@ -2,10 +2,13 @@
 
     evaluate(EvaluateParams(model="models:/ada-policy@champion", k=8))
     evaluate(EvaluateParams(model=".ada/runs/compare-.../ada-balance-s0/checkpoints/step_000060"))
+    evaluate(EvaluateParams(model="Qwen/Qwen2.5-Math-1.5B", suite="paper"))  # the paper's Table 1
 
 The model is loaded through the same `setup` the trainer uses (no SFT, no training) and scored by
 the `evaluate` task on the held-out split of the profile's dataset (or `dataset`), so numbers
-are comparable with the eval/avg_at_k curves of training runs on the same data and seed.
+are comparable with the eval/avg_at_k curves of training runs on the same data and seed. With a
+`suite` it also scores every benchmark of it (hub datasets, ada_core/data/suites.py) at the suite's
+k, temperature and token limit, and logs the paper's accuracy table (markdown and an MLflow table).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.utilities.annotations import quote
 
+from ada_core.data.hub import parse_hub_id, pin
+from ada_core.data.prompts import pin_hub_ids
 from ada_core.paths import runs_dir
 from ada_core.run.files import read_generations
 from ada_core.training import setup
@@ -30,6 +35,8 @@ def local_model_dir(model: str, tracking_uri: str, scratch: Path) -> Path | str:
     """An HF folder (or a built-in model name) for any form of `EvaluateParams.model`."""
     if model.startswith(("models:/", "runs:/", "mlflow-artifacts:/")):
         return tracking.download_model(model, tracking_uri, scratch)
+    if not Path(model).expanduser().exists() and parse_hub_id(model) is not None:
+        return pin(model, "model")  # a hub id, pinned to the commit it resolves to
     path = Path(model).expanduser()
     if (path / "hf" / "config.json").is_file():  # a trainer checkpoint: step_N/hf
         return path / "hf"
@@ -48,18 +55,32 @@ def evaluate(params: EvaluateParams = EvaluateParams()) -> dict[str, Any]:
     with tracking.tracked_run(uri, params.experiment, f"evaluate-{run_stamp()}", tags=tags) as (client, run_id):
         with tempfile.TemporaryDirectory(prefix="ada-eval-") as scratch:
             model_dir = local_model_dir(params.model, uri, Path(scratch))
-            config = params.config(str(model_dir))
+            config = pin_hub_ids(params.config(str(model_dir)))
+            if parse_hub_id(str(model_dir)) is not None:
+                client.set_tag(run_id, "ada.model_revision", str(model_dir))
             tracking.log_params(client, run_id, {
-                "model": params.model, "k": params.k, "eval_size": config.data.eval_size,
+                "model": params.model, "k": config.eval_k, "eval_size": config.data.eval_size,
                 "dataset": config.data.dataset, "eval_temperature": config.eval_temperature, "seed": params.seed,
-                "max_tokens": config.rollout.max_tokens, "engine": params.engine,
+                "max_tokens": config.eval_max_tokens or config.rollout.max_tokens, "engine": params.engine,
+                "suite": params.suite,
             })
             state = setup(config, out)
             try:
                 metrics = evaluate_task(quote(state))
+                suites = [(bench, prompts) for bench, prompts in state.suite]
             finally:
                 state.close()
         tracking.log_metrics(client, run_id, metrics, step=0)
         tracking.log_generations(client, run_id, 0, read_generations(out))
+        for bench, prompts in suites:  # where each benchmark came from: repo, split, commit
+            tracking.log_dataset_inputs(client, run_id, prompts[0].meta["hub_id"], {bench.key: prompts})
+        table = None
+        if params.suite is not None:
+            from ada_core.data.suites import accuracy_table, get_suite
+
+            table = accuracy_table(get_suite(params.suite), metrics, params.model, config.eval_k,
+                                   config.eval_max_tokens or config.rollout.max_tokens, config.eval_temperature)
+            tracking.log_accuracy_table(client, run_id, table, metrics)
+            logger.info("accuracy table:\n%s", table)
         logger.info("%s: %s", params.model, {k: round(v, 4) for k, v in metrics.items()})
-    return {"run_id": run_id, "tracking_uri": uri, "metrics": metrics, "run_dir": str(out)}
+    return {"run_id": run_id, "tracking_uri": uri, "metrics": metrics, "run_dir": str(out), "table": table}

@@ -278,8 +278,9 @@ class RolloutConfig(_Strict):
 class DataConfig(_Strict):
     dataset: str = Field(
         "arithmetic",
-        description="Training prompts: a built-in generator name (`arithmetic`, or a reasoning-gym task) or a "
-        "local parquet/jsonl path in one of the supported HF schemas.",
+        description="Training prompts: a built-in generator name (`arithmetic`, or a reasoning-gym task), a "
+        "local parquet/jsonl path in one of the supported HF schemas, or a hub dataset id org/name[@revision] "
+        "(its default config's `train` split; runs log it pinned to its commit).",
     )
     train_size: int = Field(2048, ge=1, description="Prompts generated for built-in generators. Ours.")
     eval_size: int = Field(128, ge=1, description="Held-out prompts for periodic evaluation. Ours.")
@@ -360,13 +361,25 @@ class TrainConfig(_Strict):
 
     preset: str = Field("grpo", description="Algorithm preset this config started from.")
     profile: str = Field("tiny", description="Scale profile this config started from.")
-    model: str = Field("tiny", description="`tiny`, `smollm2-135m`, or a local HF model folder.")
+    model: str = Field(
+        "tiny", description="`tiny`, `smollm2-135m`, a local HF model folder, or a hub id org/name[@revision] "
+        "(runs log it pinned to its commit)."
+    )
     seed: int = Field(0, description="Seeds data order, sampling and initialisation.")
     steps: int = Field(400, ge=1, description="Training steps. Ref: 400; paper: 600.")
     prompts_per_step: int = Field(512, ge=1, description="Prompts per step (B). Ref: 512.")
     eval_every: int = Field(10, ge=0, description="Evaluate every E steps; 0 = never.")
     eval_k: int = Field(4, ge=1, description="Samples per eval prompt for avg@k / pass@k. Paper: 32.")
     eval_temperature: float = Field(1.0, gt=0.0, description="Eval sampling temperature. Paper: 1.0.")
+    eval_max_tokens: int | None = Field(
+        None, ge=1, description="Generated-token limit per evaluation sample; None = rollout.max_tokens. Paper: 4096."
+    )
+    eval_suite: Literal["paper"] | None = Field(
+        None,
+        description="Benchmarks scored at every evaluation besides the held-out split, by hub id "
+        "(ada_core/data/suites.py): `paper` = MATH500, Minerva Math, OlympiadBench and the AIME-like set, "
+        "avg@eval_k each and their prompt-weighted average. None = the held-out split only. Ours: None.",
+    )
     checkpoint_every: int = Field(50, ge=0, description="Checkpoint every C steps; 0 = only at the end.")
     sft_steps: int = Field(0, ge=0, description="SFT warm-start steps before RL (tiny model). Ours.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
