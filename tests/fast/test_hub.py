@@ -115,3 +115,16 @@ def test_weighted_average_reproduces_the_papers_table():
     sizes = [b.size for b in SUITES["paper"].benchmarks]
     assert sizes == [500, 272, 675, 230]
     assert weighted_average(list(zip(sizes, [74.2, 34.4, 38.4, 16.2]))) == pytest.approx(45.38, abs=0.01)
+
+
+def test_reading_local_datasets_leaves_the_hub_reachable(tmp_path):
+    """`ada_core.data.hf` keeps `datasets` off the hub, but must not switch huggingface_hub offline for
+    the hub ids resolved after it (it once set HF_HUB_OFFLINE=1 for the whole process)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    code = "import os, ada_core.data.hf; print(os.environ.get('HF_HUB_OFFLINE'), os.environ.get('HF_DATASETS_OFFLINE'))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["None", "1"]
