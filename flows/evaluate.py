@@ -56,7 +56,7 @@ def evaluate(params: EvaluateParams = EvaluateParams()) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="ada-eval-") as scratch:
             model_dir = local_model_dir(params.model, uri, Path(scratch))
             config = pin_hub_ids(params.config(str(model_dir)))
-            if parse_hub_id(str(model_dir)) is not None:
+            if not Path(model_dir).exists() and parse_hub_id(str(model_dir)) is not None:
                 client.set_tag(run_id, "ada.model_revision", str(model_dir))
             tracking.log_params(client, run_id, {
                 "model": params.model, "k": config.eval_k, "eval_size": config.data.eval_size,

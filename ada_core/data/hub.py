@@ -12,8 +12,8 @@ offline (`HF_HUB_OFFLINE=1`) or unreachable, the cache alone answers, and a snap
 there fails with one line that says so (`HubError`, exit 2 on the CLI). `pin` turns an id into
 `org/name@<commit>`: runs log that, so the revision a run used is on record.
 
-The cache location and `HF_HUB_OFFLINE` are read at every call (not when huggingface_hub was
-imported), and hub telemetry is off.
+The cache location, `HF_HUB_OFFLINE` and `HF_ENDPOINT` are read at every call (not when
+huggingface_hub was imported), and hub telemetry is off.
 """
 
 from __future__ import annotations
@@ -155,7 +155,8 @@ def resolve(ref: HubRef, kind: Kind, allow_patterns: list[str] | None = None,
 
     try:
         path = snapshot_download(ref.repo, repo_type=kind, revision=revision, cache_dir=str(hub_cache()),
-                                 allow_patterns=allow_patterns, etag_timeout=10)
+                                 allow_patterns=allow_patterns, etag_timeout=10,
+                                 endpoint=os.environ.get("HF_ENDPOINT") or None)  # read now, not at import
     except (hub_errors.RepositoryNotFoundError, hub_errors.GatedRepoError) as err:
         raise HubError(f"{label}: the hub has no such {kind} repo, or it is gated or private "
                        f"({type(err).__name__}); check the id, or log in with `hf auth login`") from None
