@@ -225,7 +225,7 @@ class EvaluateParams(_Params):
     model: str = Field(
         "models:/ada-policy@champion",
         description="models:/<name>@<alias>, models:/<name>/<version>, runs:/<id>/<path>, a checkpoint folder "
-        "(step_N with hf/ inside) or an HF model folder.",
+        "(step_N with hf/ inside), an HF model folder, or a hub id org/name[@revision].",
     )
     k: int | None = Field(None, ge=1, description="Samples per prompt; empty = the suite's (32 for paper), else the profile's.")
     suite: Literal["paper"] | None = Field(

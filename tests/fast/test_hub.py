@@ -128,3 +128,13 @@ def test_reading_local_datasets_leaves_the_hub_reachable(tmp_path):
     code = "import os, ada_core.data.hf; print(os.environ.get('HF_HUB_OFFLINE'), os.environ.get('HF_DATASETS_OFFLINE'))"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["None", "1"]
+
+
+def test_the_paper_profile_names_the_papers_model_data_and_evaluation():
+    from ada_core.config import build_config
+
+    config = build_config("ada-balance", "paper")
+    assert (config.model, config.data.dataset) == ("Qwen/Qwen2.5-Math-1.5B", "open-r1/OpenR1-Math-220k")
+    assert (config.eval_suite, config.eval_k, config.eval_max_tokens, config.eval_temperature) == ("paper", 32, 4096, 1.0)
+    suite = SUITES["paper"]
+    assert (suite.k, suite.max_tokens, suite.temperature) == (32, 4096, 1.0)
