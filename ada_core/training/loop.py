@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from ada_core import metrics as K
 from ada_core.config import TrainConfig
-from ada_core.data import load_prompts, split_prompts
+from ada_core.data import run_split
 from ada_core.data.prompts import pin_hub_ids
 from ada_core.data.source import PromptSource
 from ada_core.data.suites import load_suite, suite_metrics
@@ -143,10 +143,7 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
     _seed_everything(config.seed)
 
     config = pin_hub_ids(config)  # hub ids -> org/name@<commit>, so config.yaml records what was read
-    prompts = load_prompts(config.data.dataset, size=config.data.train_size + config.data.eval_size, seed=config.seed)
-    train_prompts, eval_prompts = split_prompts(prompts, eval_size=config.data.eval_size, seed=config.seed)
-    if config.data.train_pool is not None:
-        train_prompts = train_prompts[: config.data.train_pool]  # the fixed pool reused over epochs
+    train_prompts, eval_prompts = run_split(config.data, config.seed)
     suite = load_suite(config.eval_suite) if config.eval_suite else []
 
     if checkpoint is not None:
@@ -189,8 +186,7 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
         (output_dir / files.CONFIG).write_text(yaml.safe_dump(config.model_dump(), sort_keys=False))
         if checkpoint is not None:
             _restore(state, checkpoint)
-        if config.ledger.enabled:
-            state.ledger = _start_ledger(config, output_dir, checkpoint, step)
+        state.ledger = _start_ledger(config, output_dir, checkpoint, step)
     except BaseException:
         state.close()  # a launched vLLM server must not outlive a failed set-up
         raise
@@ -308,8 +304,11 @@ def save_checkpoint(state: RunState) -> Path:
     return final
 
 
-def _start_ledger(config: TrainConfig, output_dir: Path, checkpoint: Path | None, step: int) -> Ledger:
-    """The run's prompt ledger; a resume continues the checkpoint's ledger run after its step."""
+def _start_ledger(config: TrainConfig, output_dir: Path, checkpoint: Path | None, step: int) -> Ledger | None:
+    """The run's prompt ledger (None when `ledger.enabled` is off); a resume continues the checkpoint's
+    ledger run after its step."""
+    if not config.ledger.enabled:
+        return None
     saved = json.loads((checkpoint / "trainer_state.json").read_text()).get("ledger") if checkpoint else None
     run_id = saved.get("run_id") if saved else None
     same_dir = checkpoint is not None and checkpoint.parents[1].resolve() == output_dir.resolve()
