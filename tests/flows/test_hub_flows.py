@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
+from support import dataset_card, put_in_hub_cache
 from typer.testing import CliRunner
 
 from flows import tracking
 from flows.params import EvaluateParams, TrainParams
-from support import dataset_card, put_in_hub_cache
 
 pytestmark = pytest.mark.slow
 
