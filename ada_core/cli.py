@@ -37,7 +37,12 @@ def simulate(
     png_path: Path | None = typer.Option(None, "--png", help="Write the plot here."),
 ) -> None:
     """Compare the samplers on a Bernoulli engine with known pass rates (no model, seconds)."""
-    from ada_core.sampling.simulate import DifficultyMix, format_table, plot, run_simulation
+    from ada_core.sampling.simulate import (
+        DifficultyMix,
+        format_table,
+        plot,
+        run_simulation,
+    )
 
     if frac_zero + frac_one > 1.0:
         raise typer.BadParameter(f"--frac-zero + --frac-one = {frac_zero + frac_one} must be <= 1")
@@ -69,7 +74,8 @@ def simulate(
 def train(
     preset: str = typer.Option("grpo", help="Algorithm preset: grpo, dapo, ada-pos, ada-balance."),
     profile: str = typer.Option("tiny", help="Scale profile: tiny, smollm2-135m, paper."),
-    model: str | None = typer.Option(None, help="tiny, smollm2-135m, or a local HF model folder (default: the profile's)."),
+    model: str | None = typer.Option(
+        None, help="tiny, smollm2-135m, a local HF model folder, or a hub id org/name[@revision] (default: the profile's)."),
     steps: int | None = typer.Option(None, min=1, help="Training steps (default: the profile's)."),
     output_dir: Path | None = typer.Option(
         None, help="Run directory (default: the --resume folder, else $ADA_HOME/runs/<preset>-seed<seed>). "
@@ -81,13 +87,15 @@ def train(
     config: Path | None = typer.Option(None, help="YAML file of config overrides."),
     set_: list[str] = typer.Option([], "--set", help="Override one field, e.g. --set sampler.M=4 (repeatable)."),
     seed: int | None = typer.Option(None, help="Seed (default 0)."),
-    dataset: str | None = typer.Option(None, help="A generator name (arithmetic, chain_sum:2, ...) or a local file/folder."),
+    dataset: str | None = typer.Option(
+        None, help="A generator name (arithmetic, chain_sum:2, ...), a local file/folder, or a hub id org/name[@revision]."),
     engine: str | None = typer.Option(None, help="Rollout engine: transformers, or vllm (a server from `make vllm-env`)."),
 ) -> None:
     """Train one policy with one preset; metrics go to <output-dir>/metrics.jsonl."""
     from ada_core.config import build_config, deep_merge, parse_set
-    from ada_core.errors import InputError
+    from ada_core.data.prompts import pin_hub_ids
     from ada_core.engines.vllm_server import check_engine_config
+    from ada_core.errors import InputError
     from ada_core.paths import runs_dir
     from ada_core.run.folder import check_run_dir
     from ada_core.training import train as run_training
@@ -107,6 +115,7 @@ def train(
             raise InputError(str(err)) from None
         cfg = build_config(preset, profile, config_file=config, overrides=overrides)
         check_engine_config(cfg)
+        cfg = pin_hub_ids(cfg)  # a hub id not to be had fails here, before any folder exists
         # Not created yet: a run that fails on its input leaves nothing behind under ADA_HOME.
         out = output_dir or resume or runs_dir(create=False) / f"{preset}-seed{cfg.seed}"
         check_run_dir(out, resume=resume, overwrite=overwrite)  # before any model or data is built
@@ -116,6 +125,64 @@ def train(
         raise typer.Exit(INPUT_ERROR_EXIT) from None
     typer.echo(json.dumps({k: round(v, 4) for k, v in sorted(last.items())}, indent=1))
     typer.echo(f"run directory: {out}")
+
+
+@app.command()
+def evaluate(
+    model: str = typer.Option(..., help="tiny, smollm2-135m, a local HF model folder, or a hub id org/name[@revision]."),
+    suite: str | None = typer.Option(
+        None, help="A named benchmark suite: paper (MATH500, Minerva Math, OlympiadBench, AIME-like by hub id). "
+                   "Default: the held-out split of the profile's dataset only."),
+    k: int | None = typer.Option(None, min=1, help="Samples per prompt (default: the suite's, 32 for paper; else the profile's)."),
+    max_tokens: int | None = typer.Option(None, min=1, help="Generated-token limit (default: the suite's, 4096 for paper)."),
+    temperature: float | None = typer.Option(None, min=1e-6, help="Sampling temperature (default: the suite's, 1.0)."),
+    profile: str = typer.Option("tiny", help="Scale profile for lengths and the held-out split."),
+    dataset: str | None = typer.Option(None, help="Held-out prompts from this dataset (default: the profile's)."),
+    eval_size: int | None = typer.Option(None, min=1, help="Held-out prompts (default: the profile's)."),
+    seed: int = typer.Option(0, help="Seed of the held-out split and of the samples."),
+    output_dir: Path | None = typer.Option(None, help="Folder for generations (default: $ADA_HOME/runs/evaluate-<time>)."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the metrics here."),
+) -> None:
+    """Score a model: avg@k and pass@k on a held-out split, and a named suite as the paper's accuracy table."""
+    import time
+
+    from ada_core.config import build_config
+    from ada_core.data.prompts import pin_hub_ids
+    from ada_core.data.suites import accuracy_table, get_suite, suite_overrides
+    from ada_core.errors import InputError
+    from ada_core.paths import runs_dir
+    from ada_core.training import evaluate as evaluate_state
+    from ada_core.training import setup
+
+    data = {k_: v for k_, v in (("dataset", dataset), ("eval_size", eval_size)) if v is not None}
+    overrides: dict = {"model": model, "sft_steps": 0, "seed": seed, "steps": 1, "data": data,
+                       "ledger": {"enabled": False}}
+    if k is not None:
+        overrides["eval_k"] = k
+    if max_tokens is not None:
+        overrides["eval_max_tokens"] = max_tokens
+    if temperature is not None:
+        overrides["eval_temperature"] = temperature
+    try:
+        if suite is not None:
+            overrides.update(suite_overrides(suite, k, max_tokens, temperature))
+        cfg = pin_hub_ids(build_config("grpo", profile, overrides=overrides))
+        out = output_dir or runs_dir() / f"evaluate-{time.strftime('%Y%m%d-%H%M%S')}"
+        state = setup(cfg, out)
+    except InputError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(INPUT_ERROR_EXIT) from None
+    try:
+        metrics = evaluate_state(state)
+    finally:
+        state.close()
+    typer.echo(json.dumps({key: round(v, 4) for key, v in sorted(metrics.items())}, indent=1))
+    if suite is not None:
+        typer.echo(accuracy_table(get_suite(suite), metrics, state.config.model, cfg.eval_k,
+                                  cfg.eval_max_tokens or cfg.rollout.max_tokens, cfg.eval_temperature))
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(metrics, indent=2) + "\n")
 
 
 @app.command()

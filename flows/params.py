@@ -245,9 +245,14 @@ class EvaluateParams(_Params):
     model: str = Field(
         "models:/ada-policy@champion",
         description="models:/<name>@<alias>, models:/<name>/<version>, runs:/<id>/<path>, a checkpoint folder "
-        "(step_N with hf/ inside) or an HF model folder.",
+        "(step_N with hf/ inside), an HF model folder, or a hub id org/name[@revision].",
     )
-    k: int = Field(4, ge=1, description="Samples per prompt.")
+    k: int | None = Field(None, ge=1, description="Samples per prompt; empty = the suite's (32 for paper), else the profile's.")
+    suite: Literal["paper"] | None = Field(
+        None, description="Also score a named benchmark suite by hub id and report it as the paper's accuracy table: "
+        "paper = MATH500, Minerva Math, OlympiadBench, AIME-like (avg@32, temperature 1.0, 4096 tokens).",
+    )
+    max_tokens: int | None = Field(None, ge=1, description="Generated-token limit; empty = the suite's, else the profile's.")
     profile: Profile = Field("tiny", description="Scale profile for lengths and eval set size.")
     engine: Engine = Field("transformers", description="Rollout engine.")
     dataset: str | None = Field(
@@ -255,7 +260,7 @@ class EvaluateParams(_Params):
         "platform trained, that run's own held-out split; else the profile's dataset.")
     eval_size: int | None = Field(
         None, ge=1, description="Held-out prompts; empty = all of them (the training run's, or the profile's).")
-    temperature: float | None = Field(None, gt=0, description="Sampling temperature; empty = the profile's (1.0).")
+    temperature: float | None = Field(None, gt=0, description="Sampling temperature; empty = the suite's or the profile's (1.0).")
     seed: int = Field(0, description="Seed of the prompt split and the samples; a platform-trained model's run "
                       "brings its own.")
     tracking_uri: str | None = Field(None, description="MLflow tracking URI (see train).")
@@ -268,11 +273,17 @@ class EvaluateParams(_Params):
         if self.eval_size is not None:
             data["eval_size"] = self.eval_size
         overrides: dict[str, Any] = {
-            "model": model_dir, "sft_steps": 0, "eval_k": self.k, "seed": self.seed, "steps": 1,
+            "model": model_dir, "sft_steps": 0, "seed": self.seed, "steps": 1,
             "rollout": {"engine": self.engine}, "data": data, "ledger": {"enabled": False},  # no training steps
         }
-        if self.temperature is not None:
-            overrides["eval_temperature"] = self.temperature
+        for key, value in (("eval_k", self.k), ("eval_max_tokens", self.max_tokens),
+                           ("eval_temperature", self.temperature)):
+            if value is not None:
+                overrides[key] = value
+        if self.suite is not None:
+            from ada_core.data.suites import suite_overrides
+
+            overrides.update(suite_overrides(self.suite, self.k, self.max_tokens, self.temperature))
         return check_engine(build_config("grpo", self.profile, overrides=overrides))
 
 

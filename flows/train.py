@@ -27,6 +27,8 @@ from prefect.runtime import flow_run
 
 from ada_core.config import TrainConfig
 from ada_core.data import data_digest
+from ada_core.data.hub import parse_hub_id
+from ada_core.data.prompts import hub_dataset, pin_hub_ids
 from ada_core.paths import runs_dir
 from ada_core.run.checkpoints import NoCheckpoint, latest_checkpoint
 from ada_core.run.files import PER_STEP_FILES, RESULT, RUN_INFO, final_metrics, read_metrics
@@ -113,7 +115,7 @@ def training_slots(names: list[str]) -> Iterator[None]:
 
 
 def train_run(params: TrainParams) -> dict[str, Any]:
-    config = params.config()
+    config = pin_hub_ids(params.config())  # hub ids -> org/name@<commit>; one not to be had fails here
     logger = get_run_logger()
     set_torch_threads()
     quiet_task_run_logs()
@@ -134,7 +136,7 @@ def train_run(params: TrainParams) -> dict[str, Any]:
         check_run_dir(out, overwrite=params.overwrite)  # before curation and before an MLflow run is opened
     run_config, provenance = prepare_data(config, params.curate, params.curation_seed)
     tags = {"ada.flow": "train", "ada.variant": variant, "ada.preset": params.preset, "ada.seed": str(params.seed),
-            tracking.FLOW_RUN: flow_run_id, **tracking.process_tags()}
+            tracking.FLOW_RUN: flow_run_id, **tracking.process_tags(), **hub_tags(config)}
 
     run_id = target.run_id if target is not None else None
     with tracking.tracked_run(uri, params.experiment, label, params.parent_run_id, tags, run_id=run_id,
@@ -148,7 +150,7 @@ def train_run(params: TrainParams) -> dict[str, Any]:
                 extra={**extra, "preset": params.preset, "engine": params.engine, "run_dir": str(out)},
             ))
         state = _setup(run_config, out, target, client, run_id, logger, overwrite=params.overwrite)
-        run_logger = tracking.RunLogger(client, run_id)
+        run_logger = tracking.RunLogger(client, run_id, suite_table=suite_table(run_config, config.model))
         budget = tracking.BudgetAxes(run_logger, state.totals, state.num_params)
         shown = TrainProgress(label, run_config.steps)
         try:
@@ -196,6 +198,28 @@ def train_run(params: TrainParams) -> dict[str, Any]:
     }
     (out / RESULT).write_text(json.dumps(result, indent=2) + "\n")  # last: the run is finished
     return result
+
+
+def hub_tags(config: TrainConfig) -> dict[str, str]:
+    """`ada.model_revision` / `ada.dataset_revision`: the `org/name@<commit>` of a (pinned) hub model or dataset."""
+    tags = {}
+    if parse_hub_id(config.model) is not None and not Path(config.model).exists():
+        tags["ada.model_revision"] = config.model
+    if hub_dataset(config.data.dataset) is not None:
+        tags["ada.dataset_revision"] = config.data.dataset
+    return tags
+
+
+def suite_table(config: TrainConfig, model: str):
+    """The markdown accuracy table of `config.eval_suite` for an evaluation's metrics (its row named `model`),
+    or None without a suite."""
+    if config.eval_suite is None:
+        return None
+    from ada_core.data.suites import accuracy_table, get_suite
+
+    suite = get_suite(config.eval_suite)
+    tokens = config.eval_max_tokens or config.rollout.max_tokens
+    return lambda metrics: accuracy_table(suite, metrics, model, config.eval_k, tokens, config.eval_temperature)
 
 
 def _setup(run_config: TrainConfig, out: Path, target, client, run_id: str, logger, overwrite: bool = False):

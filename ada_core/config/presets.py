@@ -66,13 +66,20 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 PROFILES: dict[str, dict[str, Any]] = {
-    # The paper's 7B setting (ref script): 512 prompts, 2048 tokens, lr 1e-6.
+    # The paper's setting (ref script): Qwen2.5-Math-1.5B on OpenR1-Math-220k, 512 prompts, 2048 tokens,
+    # lr 1e-6; evaluated as Table 1 (avg@32, 4096 tokens, the `paper` suite) every 50 steps
+    # (ref scripts/eval_model.sh scores global_step 50, 100, ..., 400).
     "paper": {
+        "model": "Qwen/Qwen2.5-Math-1.5B",
         "prompts_per_step": 512,
         "steps": 400,
         "eval_k": 32,
+        "eval_max_tokens": 4096,
+        "eval_suite": "paper",
+        "eval_every": 50,
         "optim": {"lr": 1e-6, "warmup_steps": 10, "mini_batches": 4},
         "rollout": {"max_tokens": 2048},
+        "data": {"dataset": "open-r1/OpenR1-Math-220k"},
     },
     # SmolLM2-135M on CPU: short answers, few prompts. Ours.
     "smollm2-135m": {

@@ -339,8 +339,9 @@ class RolloutConfig(_Strict):
 class DataConfig(_Strict):
     dataset: str = Field(
         "arithmetic",
-        description="Training prompts: a built-in generator name (`arithmetic`, or a reasoning-gym task) or a "
-        "local parquet/jsonl path in one of the supported HF schemas.",
+        description="Training prompts: a built-in generator name (`arithmetic`, or a reasoning-gym task), a "
+        "local parquet/jsonl path in one of the supported HF schemas, or a hub dataset id org/name[@revision] "
+        "(its default config's `train` split; runs log it pinned to its commit).",
         json_schema_extra=ALWAYS,
     )
     train_size: int = Field(2048, ge=1, description="Prompts generated for built-in generators. Ours.",
@@ -433,8 +434,10 @@ class TrainConfig(_Strict):
 
     preset: str = Field("grpo", description="Algorithm preset this config started from.", json_schema_extra=LABEL)
     profile: str = Field("tiny", description="Scale profile this config started from.", json_schema_extra=LABEL)
-    model: str = Field("tiny", description="`tiny`, `smollm2-135m`, or a local HF model folder.",
-                       json_schema_extra=ALWAYS)
+    model: str = Field(
+        "tiny", description="`tiny`, `smollm2-135m`, a local HF model folder, or a hub id org/name[@revision] "
+        "(runs log it pinned to its commit).", json_schema_extra=ALWAYS,
+    )
     seed: int = Field(0, description="Seeds data order, sampling and initialisation.", json_schema_extra=ALWAYS)
     steps: int = Field(400, ge=1, description="Training steps. Ref: 400; paper: 600.", json_schema_extra=ALWAYS)
     prompts_per_step: int = Field(512, ge=1, description="Prompts per step (B). Ref: 512.", json_schema_extra=ALWAYS)
@@ -443,6 +446,17 @@ class TrainConfig(_Strict):
                         json_schema_extra=when("eval_every > 0"))
     eval_temperature: float = Field(1.0, gt=0.0, description="Eval sampling temperature. Paper: 1.0.",
                                     json_schema_extra=when("eval_every > 0"))
+    eval_max_tokens: int | None = Field(
+        None, ge=1, description="Generated-token limit per evaluation sample; None = rollout.max_tokens. Paper: 4096.",
+        json_schema_extra=when("eval_every > 0"),
+    )
+    eval_suite: Literal["paper"] | None = Field(
+        None,
+        description="Benchmarks scored at every evaluation besides the held-out split, by hub id "
+        "(ada_core/data/suites.py): `paper` = MATH500, Minerva Math, OlympiadBench and the AIME-like set, "
+        "avg@eval_k each and their prompt-weighted average. None = the held-out split only. Ours: None.",
+        json_schema_extra=when("eval_every > 0"),
+    )
     checkpoint_every: int = Field(50, ge=0, description="Checkpoint every C steps; 0 = only at the end.",
                                   json_schema_extra=ALWAYS)
     sft_steps: int = Field(0, ge=0, description="SFT warm-start steps before RL (tiny model). Ours.",

@@ -33,7 +33,9 @@ from tqdm.auto import tqdm
 from ada_core import metrics as K
 from ada_core.config import TrainConfig
 from ada_core.data import run_split
+from ada_core.data.prompts import pin_hub_ids
 from ada_core.data.source import PromptSource
+from ada_core.data.suites import load_suite, suite_metrics
 from ada_core.engines.deepspeed_engine import load_state
 from ada_core.engines.factory import build_rollout_engine, build_update_engine
 from ada_core.errors import DatasetError
@@ -43,7 +45,11 @@ from ada_core.records import Prompt, RolloutBatch
 from ada_core.rl.rewards import MathVerifier
 from ada_core.run import files
 from ada_core.run.checkpoints import (
-    CheckpointChoice, NoCheckpoint, latest_good_checkpoint, mark_complete, prune_checkpoints,
+    CheckpointChoice,
+    NoCheckpoint,
+    latest_good_checkpoint,
+    mark_complete,
+    prune_checkpoints,
 )
 from ada_core.run.folder import check_run_dir, claim_run_dir
 from ada_core.run.reference import keep_reference, reference_of
@@ -84,6 +90,8 @@ class RunState:
     sampler: Any = None
     """Built once by `setup`: the budgeted sampler keeps per-prompt history across steps (saved in checkpoints)."""
     ledger: Ledger | None = None
+    suite: list[tuple[Any, list[Prompt]]] = field(default_factory=list)
+    """`config.eval_suite`'s benchmarks with their encoded prompts (ada_core/data/suites.py); empty without one."""
 
     @property
     def sampling(self) -> SamplingParams:
@@ -141,7 +149,9 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
     saved_reference = reference_of(Path(resume)) if checkpoint is not None and config.loss.kl_coef > 0 else None
     _seed_everything(config.seed)
 
+    config = pin_hub_ids(config)  # hub ids -> org/name@<commit>, so config.yaml records what was read
     train_prompts, eval_prompts = run_split(config.data, config.seed)
+    suite = load_suite(config.eval_suite) if config.eval_suite else []
 
     if checkpoint is not None:
         model_dir = checkpoint / "hf"
@@ -150,6 +160,8 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
         model_dir, model, tokenizer = start_model(config.model, config.sft_steps, config.data.dataset,
                                                   train_prompts + eval_prompts, config.seed)
     train_prompts, eval_prompts, skipped = _encode_within_limit(tokenizer, train_prompts, eval_prompts, config)
+    for _, bench_prompts in suite:  # every benchmark prompt is scored, as the paper does: no length cut
+        encode_prompts(tokenizer, bench_prompts)
     moved = claim_run_dir(output_dir, resume=resume, overwrite=overwrite)
     if moved is not None:
         log.warning("moved the run that was in %s aside to %s", output_dir, moved)
@@ -180,6 +192,7 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
         skipped_prompts=skipped,
         resumed_from=choice,
         sampler=make_sampler(config.sampler, config.advantage),
+        suite=suite,
     )
     try:
         (output_dir / files.CONFIG).write_text(yaml.safe_dump(config.model_dump(), sort_keys=False))
@@ -238,26 +251,38 @@ def update_step(state: RunState, batch: RolloutBatch) -> dict[str, float]:
 
 
 def evaluate(state: RunState) -> dict[str, float]:
-    """avg@k and pass@k on the held-out prompts at the eval temperature; writes sampled generations."""
+    """avg@k and pass@k on the held-out prompts at the eval temperature, and on every benchmark of
+    `config.eval_suite` with their prompt-weighted average; writes sampled generations."""
     cfg = state.config
     sampling = SamplingParams(
-        temperature=cfg.eval_temperature, top_p=1.0, max_tokens=cfg.rollout.max_tokens, seed=cfg.seed + state.step
+        temperature=cfg.eval_temperature, top_p=1.0, max_tokens=cfg.eval_max_tokens or cfg.rollout.max_tokens,
+        seed=cfg.seed + state.step,
     )
-    k = cfg.eval_k
-    samples = state.rollout.generate([(p, k) for p in state.eval_prompts], sampling)
-    flat = [(p, s) for p, group in zip(state.eval_prompts, samples) for s in group]
+    avg, pass_k, rows = _score(state, state.eval_prompts, sampling)
+    with open(state.output_dir / files.GENERATIONS, "a") as fh:
+        for row in rows[: 8 * cfg.eval_k]:
+            fh.write(json.dumps(row) + "\n")
+    metrics = {K.EVAL_AVG_AT_K: avg, K.EVAL_PASS_AT_K: pass_k}
+    if state.suite:
+        scores = [(bench, len(prompts), *_score(state, prompts, sampling)[:2]) for bench, prompts in state.suite]
+        metrics.update(suite_metrics(scores))
+    return metrics
+
+
+def _score(state: RunState, prompts: list[Prompt], sampling: SamplingParams) -> tuple[float, float, list[dict]]:
+    """(avg@k, pass@k, one row per sample) of `prompts` at `config.eval_k` samples each."""
+    cfg, k = state.config, state.config.eval_k
+    samples = state.rollout.generate([(p, k) for p in prompts], sampling)
+    flat = [(p, s) for p, group in zip(prompts, samples) for s in group]
     verdicts = state.verifier.verify([(p, s.text) for p, s in flat])
-    rewards = np.array([v.reward for v in verdicts], dtype=float).reshape(len(state.eval_prompts), k)
+    rewards = np.array([v.reward for v in verdicts], dtype=float).reshape(len(prompts), k)
     correct = rewards > cfg.sampler.positive_threshold
     rows = [
         {"step": state.step, "prompt_id": p.id, "prompt": p.text, "answer": p.answer, "completion": s.text,
          "reward": v.reward, "status": v.status.value}
         for (p, s), v in zip(flat, verdicts)
     ]
-    with open(state.output_dir / files.GENERATIONS, "a") as fh:
-        for row in rows[: 8 * k]:
-            fh.write(json.dumps(row) + "\n")
-    return {K.EVAL_AVG_AT_K: float(correct.mean()), K.EVAL_PASS_AT_K: float(correct.any(axis=1).mean())}
+    return float(correct.mean()), float(correct.any(axis=1).mean()), rows
 
 
 def save_checkpoint(state: RunState) -> Path:

@@ -55,6 +55,7 @@ EFFECTS: dict[str, tuple[str, dict[str, Any], Any]] = {
     "eval_every": ("run", {}, 1),
     "eval_k": ("run", {}, 3),
     "eval_temperature": ("run", {}, 0.5),
+    "eval_max_tokens": ("run", {}, 6),
     "checkpoint_every": ("run", {}, 1),
     "rollout.temperature": ("run", {}, 0.5),
     "rollout.top_p": ("run", {}, 0.9),
@@ -137,6 +138,7 @@ EFFECTS: dict[str, tuple[str, dict[str, Any], Any]] = {
 }
 
 ELSEWHERE = {
+    "eval_suite": "tests/flows/test_hub_flows.py::test_a_train_flow_named_by_hub_ids_trains_and_logs_their_commits",
     "model": "tests/model/test_models.py::test_resolve_model_errors_name_the_path",
     "sft_steps": "tests/model/test_models.py::test_sft_learns_and_is_cached",
     "rollout.engine": "tests/services/test_vllm.py::test_a_few_steps_train_with_the_vllm_engine",
