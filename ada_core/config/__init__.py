@@ -11,6 +11,7 @@ from ada_core.config.presets import (
     build_config,
     deep_merge,
     parse_set,
+    read_config_file,
 )
 from ada_core.config.schema import (
     AdvantageConfig,
@@ -34,5 +35,5 @@ __all__ = [
     "AdvantageConfig", "CheckpointConfig", "ConfigError", "DataConfig", "DistributedConfig", "LedgerConfig",
     "LossConfig", "OptimConfig", "PRESETS", "PROFILES", "RolloutConfig", "SamplerConfig", "TrainConfig",
     "VLLMConfig", "build_config", "deep_merge", "flat_params", "format_validation_error", "parse_set",
-    "validate_config"
+    "read_config_file", "validate_config"
 ]

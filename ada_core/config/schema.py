@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ada_core.errors import InputError
+from ada_core.errors import ConfigError
 
 
 class _Strict(BaseModel):
@@ -385,10 +385,6 @@ class TrainConfig(_Strict):
             raise ValueError(f"sampler.schedule: 'streaming' needs rollout.engine: vllm (per-sample requests with "
                              f"abort); rollout.engine={self.rollout.engine!r} serves only schedule: rounds")
         return self
-
-
-class ConfigError(InputError, ValueError):
-    """A config value is invalid; the message names the dotted field."""
 
 
 def validate_config(data: dict[str, Any]) -> TrainConfig:

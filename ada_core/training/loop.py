@@ -32,17 +32,22 @@ from ada_core.config import TrainConfig
 from ada_core.data import load_prompts, split_prompts
 from ada_core.data.source import PromptSource
 from ada_core.engines.factory import build_rollout_engine, build_update_engine
-from ada_core.errors import DatasetError
+from ada_core.errors import ConfigError, DatasetError, ResumeError
 from ada_core.models import encode_prompts, load_policy
 from ada_core.protocols import RolloutEngine, SamplingParams, UpdateEngine
 from ada_core.records import Prompt, RolloutBatch
 from ada_core.rl.rewards import MathVerifier
 from ada_core.run import files
 from ada_core.run.checkpoints import (
-    CheckpointChoice, NoCheckpoint, latest_good_checkpoint, mark_complete, prune_checkpoints,
+    CheckpointChoice,
+    NoCheckpoint,
+    latest_good_checkpoint,
+    mark_complete,
+    prune_checkpoints,
 )
-from ada_core.run.folder import check_run_dir, claim_run_dir
+from ada_core.run.folder import RunLock, check_run_dir, claim_run_dir
 from ada_core.run.ledger import Ledger
+from ada_core.run.resume import check_resumable, checkpoint_source, read_saved_config
 from ada_core.sampling import make_sampler
 from ada_core.training.start import start_model
 
@@ -79,6 +84,8 @@ class RunState:
     sampler: Any = None
     """Built once by `setup`: the budgeted sampler keeps per-prompt history across steps (saved in checkpoints)."""
     ledger: Ledger | None = None
+    lock: RunLock | None = None
+    """This process's lock on `output_dir` (ada_core/run/folder.py), released last by `close`."""
 
     @property
     def sampling(self) -> SamplingParams:
@@ -87,12 +94,16 @@ class RunState:
 
     def close(self) -> None:
         try:
-            if self.ledger is not None:
-                self.ledger.close()
-            self.verifier.close()
-            self.rollout.close()  # the vLLM engine stops its server
+            try:
+                if self.ledger is not None:
+                    self.ledger.close()
+                self.verifier.close()
+                self.rollout.close()  # the vLLM engine stops its server
+            finally:
+                self.updater.close()  # a rank group stops its actors (and the Ray it started)
         finally:
-            self.updater.close()  # a rank group stops its actors (and the Ray it started)
+            if self.lock is not None:
+                self.lock.release()  # last: the folder is free once nothing of this run writes it
 
 
 @dataclass
@@ -129,6 +140,8 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
         detail = "".join(f"; {p.name}: {why}" for p, why in choice.rejected)
         raise NoCheckpoint(f"--resume {resume}: no complete checkpoint under {Path(resume) / files.CHECKPOINTS}{detail}",
                            damaged=choice.damaged)
+    if checkpoint is not None:  # a resume is the same run: only ada_core.run.resume.RESUMABLE may differ
+        check_resumable(read_saved_config(resume), config, resume)
     if choice is not None and choice.rejected:
         log.warning("--resume %s: %s", resume, choice.describe())
     check_run_dir(output_dir, resume=resume, overwrite=overwrite)  # refuse early; claimed once inputs are read
@@ -138,6 +151,7 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
     train_prompts, eval_prompts = split_prompts(prompts, eval_size=config.data.eval_size, seed=config.seed)
     if config.data.train_pool is not None:
         train_prompts = train_prompts[: config.data.train_pool]  # the fixed pool reused over epochs
+    check_prompts_per_step(config, len(train_prompts))  # before any model is loaded
 
     if checkpoint is not None:
         model_dir = checkpoint / "hf"
@@ -146,16 +160,30 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
         model_dir, model, tokenizer = start_model(config.model, config.sft_steps, config.data.dataset,
                                                   train_prompts + eval_prompts, config.seed)
     train_prompts, eval_prompts, skipped = _encode_within_limit(tokenizer, train_prompts, eval_prompts, config)
-    moved = claim_run_dir(output_dir, resume=resume, overwrite=overwrite)
+    check_prompts_per_step(config, len(train_prompts), after_skipping=skipped)
+    source = PromptSource(train_prompts, seed=config.seed)
+    if checkpoint is not None:
+        problem = source.mismatch(checkpoint_source(checkpoint))
+        if problem is not None:
+            raise ResumeError(f"resume {resume}: data.dataset {config.data.dataset}: {problem} (the dataset changed "
+                              "since the run started); resume with the same data, or start a new run")
+    moved, lock = claim_run_dir(output_dir, resume=resume, overwrite=overwrite)
     if moved is not None:
         log.warning("moved the run that was in %s aside to %s", output_dir, moved)
 
-    updater = build_update_engine(config, model, model_dir, tokenizer.pad_token_id, log_dir=output_dir / "ranks")
+    try:
+        updater = build_update_engine(config, model, model_dir, tokenizer.pad_token_id, log_dir=output_dir / "ranks")
+    except BaseException:
+        lock.release()
+        raise
     step = _checkpoint_step(checkpoint) if checkpoint is not None else 0
     try:
         rollout = build_rollout_engine(config, model_dir, updater, tokenizer, output_dir, weight_version=step)
     except BaseException:
-        updater.close()
+        try:
+            updater.close()
+        finally:
+            lock.release()
         raise
     state = RunState(
         config=config,
@@ -164,13 +192,14 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
         rollout=rollout,
         updater=updater,
         verifier=MathVerifier(),
-        source=PromptSource(train_prompts, seed=config.seed),
+        source=source,
         eval_prompts=eval_prompts,
         rng=np.random.default_rng(config.seed),
         num_params=sum(p.numel() for p in model.parameters()),
         skipped_prompts=skipped,
         resumed_from=choice,
         sampler=make_sampler(config.sampler, config.advantage),
+        lock=lock,
     )
     try:
         (output_dir / files.CONFIG).write_text(yaml.safe_dump(config.model_dump(), sort_keys=False))
@@ -182,6 +211,20 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
         state.close()  # a launched vLLM server must not outlive a failed set-up
         raise
     return state
+
+
+def check_prompts_per_step(config: TrainConfig, available: int, after_skipping: int = 0) -> None:
+    """`ConfigError` when a step would ask for more distinct prompts than the training set holds."""
+    if config.prompts_per_step <= available:
+        return
+    pool = f", data.train_pool={config.data.train_pool}" if config.data.train_pool is not None else ""
+    skipped = (f" after skipping {after_skipping} longer than data.max_prompt_tokens={config.data.max_prompt_tokens}"
+               if after_skipping else "")
+    raise ConfigError(
+        f"prompts_per_step={config.prompts_per_step} exceeds the {available} training prompts of data.dataset "
+        f"{config.data.dataset}{skipped} (data.train_size={config.data.train_size}, data.eval_size="
+        f"{config.data.eval_size} held out{pool}): lower prompts_per_step or give the run more prompts"
+    )
 
 
 def _encode_within_limit(tokenizer, train: list[Prompt], evals: list[Prompt],
@@ -247,8 +290,7 @@ def evaluate(state: RunState) -> dict[str, float]:
         for (p, s), v in zip(flat, verdicts)
     ]
     with open(state.output_dir / files.GENERATIONS, "a") as fh:
-        for row in rows[: 8 * k]:
-            fh.write(json.dumps(row) + "\n")
+        fh.writelines(json.dumps(row) + "\n" for row in rows[: 8 * k])
     return {K.EVAL_AVG_AT_K: float(correct.mean()), K.EVAL_PASS_AT_K: float(correct.any(axis=1).mean())}
 
 
