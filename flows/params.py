@@ -94,6 +94,31 @@ def check_overrides(overrides: dict[str, Any], own: dict[str, str]) -> None:
             raise ValueError(f"overrides: {key!r}: {problem} (got {value!r})") from None
 
 
+def override_keys(exclude: dict[str, str] | None = None) -> list[str]:
+    """Every dotted key `overrides` may name (each field and each section of TrainConfig), less `exclude`."""
+    keys: list[str] = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            keys.append(prefix + name)
+            if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+                walk(field.annotation, f"{prefix}{name}.")
+
+    walk(TrainConfig, "")
+    return sorted(k for k in keys if k not in (exclude or {}))
+
+
+# Config fields every training-type flow sets from a field of its own.
+RUN_OWN_FIELDS = {"preset": "preset", "profile": "profile", "seed": "seed", "steps": "steps",
+                  "prompts_per_step": "prompts_per_step", "rollout.engine": "engine"}
+
+
+def overrides_schema(exclude: dict[str, str]) -> dict[str, Any]:
+    """JSON schema of `overrides` beyond `object`: its keys, so the Prefect server refuses a flow run
+    with an unknown key when the run is created (deployments enforce their parameter schema)."""
+    return {"propertyNames": {"enum": override_keys(exclude)}}
+
+
 class _Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -107,7 +132,9 @@ class RunSettings(_Params):
     prompts_per_step: int | None = Field(None, ge=1, description="Prompts per step (B); empty = the profile's.")
     overrides: dict[str, Any] = Field(
         default_factory=dict,
-        description="Any config field by dotted name, e.g. {\"sampler.M\": 8, \"optim.lr\": 1e-4, \"sft_steps\": 50}.",
+        description="Any config field by dotted name, e.g. {\"sampler.M\": 8, \"optim.lr\": 1e-4, \"sft_steps\": 50}. "
+        "Fields this form has (seed, preset, steps, ...) are set there, not here.",
+        json_schema_extra=overrides_schema(RUN_OWN_FIELDS),
     )
     curate: bool = Field(True, description="Difficulty-filter the prompts with the starting model before training.")
     curation_seed: int = Field(0, description="Seed of the curation pool and its samples; shared by all seeds of a comparison.")
@@ -117,10 +144,7 @@ class RunSettings(_Params):
     experiment: str = Field("reinforce-ada", min_length=1, description="MLflow experiment name.")
 
     # Config fields these parameters set themselves: an override of one would disagree with the field.
-    OWN_FIELDS: ClassVar[dict[str, str]] = {
-        "preset": "preset", "profile": "profile", "seed": "seed", "steps": "steps",
-        "prompts_per_step": "prompts_per_step", "rollout.engine": "engine",
-    }
+    OWN_FIELDS: ClassVar[dict[str, str]] = RUN_OWN_FIELDS
 
     @model_validator(mode="after")
     def _overrides_are_config_fields(self) -> RunSettings:
@@ -322,6 +346,7 @@ class EvaluateParams(_Params):
             data["eval_size"] = self.eval_size
         overrides: dict[str, Any] = {
             "model": model_dir, "sft_steps": 0, "eval_k": self.k, "seed": self.seed, "steps": 1,
+            "prompts_per_step": 1,  # it trains on none: a small eval file must not fail the prompts-per-step check
             "rollout": {"engine": self.engine}, "data": data, "ledger": {"enabled": False},  # no training steps
         }
         if self.temperature is not None:
@@ -337,6 +362,7 @@ class CurateParams(_Params):
     overrides: dict[str, Any] = Field(
         default_factory=dict,
         description="Config fields by dotted name, e.g. {\"data.curation_k\": 16, \"data.pass_rate_ceiling\": 0.3125}.",
+        json_schema_extra=overrides_schema({"preset": "", "profile": "", "seed": "", "rollout.engine": ""}),
     )
     seed: int = Field(0, description="Seed of the prompt pool and the curation samples.")
     tracking_uri: str | None = Field(None, description="MLflow tracking URI (see train).")
