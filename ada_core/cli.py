@@ -122,9 +122,9 @@ def train(
             raise InputError(str(err)) from None
         if resume is not None:
             # The run's own config; what the flags change is checked against it, before anything is read.
-            check_resume_target(resume)
             out = output_dir or resume
             check_run_dir(out, resume=resume, overwrite=overwrite)  # a live run is refused here, naming its pid
+            check_resume_target(resume)  # a missing folder, or nothing to resume: what works instead
             file_overrides = read_config_file(config) if config is not None else {}
             cfg = resumed_config(resume, deep_merge(file_overrides, overrides))
         else:

@@ -196,6 +196,7 @@ def train_run(params: TrainParams) -> dict[str, Any]:
         check_run_dir(out, resume=out)  # a live writer is refused here, naming its pid
         run_config, changes = resume_config(params, out)  # the run's own config: refused before anything is written
         provenance = _provenance_of(run_config)
+        requested = run_config  # what a new MLflow run's params then describe: the run as it is
     else:
         if target is not None:  # it died before its set-up wrote a config: it starts over, as asked now
             out = target.run_dir
@@ -206,6 +207,7 @@ def train_run(params: TrainParams) -> dict[str, Any]:
         if not params.curate:
             check_inputs(config)
         run_config, provenance = prepare_data(config, params.curate, params.curation_seed)
+        requested = config
     # Who the run is comes from its config: on a resume, the run's own, whatever the defaults of `params` say.
     preset, seed = run_config.preset, run_config.seed
     if target is not None:
@@ -220,7 +222,7 @@ def train_run(params: TrainParams) -> dict[str, Any]:
         if target is None or target.run_id is None:
             extra = {k: v for k, v in provenance.items() if k != "dataset_hash"}
             tracking.log_params(client, run_id, tracking.run_params(
-                config, variant=variant, dataset_digest=provenance["dataset_hash"],
+                requested, variant=variant, dataset_digest=provenance["dataset_hash"],
                 extra={**extra, "preset": preset, "engine": run_config.rollout.engine, "run_dir": str(out)},
             ))
         if changes:
