@@ -5,6 +5,7 @@ mistakes are one line and exit 2. One 2-step ada-balance CLI run is shared; each
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,9 @@ from typer.testing import CliRunner
 
 from ada_core.cli import INPUT_ERROR_EXIT, app
 from ada_core.run.files import read_metrics
+from ada_core.run.folder import lock_holder
+from ada_core.run.resume import resumed_config
+from ada_core.training import setup
 
 pytestmark = pytest.mark.slow
 
@@ -140,6 +144,14 @@ def test_a_live_run_is_refused_by_pid_and_resumes_once_its_process_is_gone(base,
     finally:
         holder.kill()
         holder.wait(timeout=30)
+    state = setup(resumed_config(run, {"steps": 3}), run, resume=run)  # a real writer holds the lock too
+    try:
+        assert lock_holder(run) == os.getpid()
+        result = cli("--resume", run, "--steps", 3)
+        assert result.exit_code == INPUT_ERROR_EXIT and f"in use by process {os.getpid()}" in one_line(result)
+    finally:
+        state.close()
+    assert lock_holder(run) is None
     result = cli("--resume", run, "--steps", 3)  # steps may change: the run goes on, as itself
     assert result.exit_code == 0, result.output
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
