@@ -18,6 +18,7 @@ import random
 import shutil
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,8 +131,11 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
     """Build models, data and engines; with `resume`, restore the newest good checkpoint of that run.
 
     `output_dir` must not hold another run (`ada_core.run.folder`): resume it, or `overwrite` to move the
-    old run aside first. Bad input (dataset, config) raises an `InputError` before the folder is
-    claimed, so nothing is written or moved.
+    old run aside first; no other live process may be writing it, and this one holds its lock until
+    `RunState.close`. A resume takes no config but the run's own: `config` may differ from the saved
+    `config.yaml` only in `ada_core.run.resume.RESUMABLE`, and its data must give the prompts the
+    checkpoint's cursor was saved over. Bad input (dataset, config, resume, prompts per step) raises an
+    `InputError` before the folder is claimed, so nothing is written or moved.
     """
     output_dir = Path(output_dir)
     choice = latest_good_checkpoint(Path(resume)) if resume else None
@@ -171,36 +175,30 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
     if moved is not None:
         log.warning("moved the run that was in %s aside to %s", output_dir, moved)
 
-    try:
+    with ExitStack() as undo:  # what a set-up that fails from here takes down again, newest first
+        undo.callback(lock.release)
         updater = build_update_engine(config, model, model_dir, tokenizer.pad_token_id, log_dir=output_dir / "ranks")
-    except BaseException:
-        lock.release()
-        raise
-    step = _checkpoint_step(checkpoint) if checkpoint is not None else 0
-    try:
+        undo.callback(updater.close)
+        step = _checkpoint_step(checkpoint) if checkpoint is not None else 0
         rollout = build_rollout_engine(config, model_dir, updater, tokenizer, output_dir, weight_version=step)
-    except BaseException:
-        try:
-            updater.close()
-        finally:
-            lock.release()
-        raise
-    state = RunState(
-        config=config,
-        output_dir=output_dir,
-        tokenizer=tokenizer,
-        rollout=rollout,
-        updater=updater,
-        verifier=MathVerifier(),
-        source=source,
-        eval_prompts=eval_prompts,
-        rng=np.random.default_rng(config.seed),
-        num_params=sum(p.numel() for p in model.parameters()),
-        skipped_prompts=skipped,
-        resumed_from=choice,
-        sampler=make_sampler(config.sampler, config.advantage),
-        lock=lock,
-    )
+        undo.callback(rollout.close)
+        state = RunState(
+            config=config,
+            output_dir=output_dir,
+            tokenizer=tokenizer,
+            rollout=rollout,
+            updater=updater,
+            verifier=MathVerifier(),
+            source=source,
+            eval_prompts=eval_prompts,
+            rng=np.random.default_rng(config.seed),
+            num_params=sum(p.numel() for p in model.parameters()),
+            skipped_prompts=skipped,
+            resumed_from=choice,
+            sampler=make_sampler(config.sampler, config.advantage),
+            lock=lock,
+        )
+        undo.pop_all()  # from here `state.close()` takes everything down
     try:
         (output_dir / files.CONFIG).write_text(yaml.safe_dump(config.model_dump(), sort_keys=False))
         if checkpoint is not None:
