@@ -51,8 +51,8 @@ from ada_core.run.checkpoints import (
     prune_checkpoints,
 )
 from ada_core.run.folder import RunLock, check_run_dir, claim_run_dir
-from ada_core.run.reference import keep_reference, reference_of
 from ada_core.run.ledger import Ledger
+from ada_core.run.reference import keep_reference, reference_of
 from ada_core.run.resume import check_resumable, checkpoint_source, read_saved_config
 from ada_core.sampling import make_sampler
 from ada_core.training.start import start_model
