@@ -10,6 +10,9 @@ import typer
 # Every bad input (config value, YAML file, dataset file or row) exits with this code and one clean
 # line on stderr, the same code typer gives a bad option.
 INPUT_ERROR_EXIT = 2
+# A run that started and failed outside its input (ada_core.errors.RunFailure: a training rank died):
+# one line naming what failed and where its log is.
+RUN_FAILURE_EXIT = 1
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Reinforce-Ada experiment platform.")
 
@@ -72,15 +75,21 @@ def simulate(
 
 @app.command()
 def train(
-    preset: str = typer.Option("grpo", help="Algorithm preset: grpo, dapo, ada-pos, ada-balance."),
-    profile: str = typer.Option("tiny", help="Scale profile: tiny, smollm2-135m, paper."),
+    preset: str | None = typer.Option(None, help="Algorithm preset: grpo, dapo, ada-pos, ada-balance, ada-est, "
+                                                 "ada-budget (default grpo; with --resume, the run's own)."),
+    profile: str | None = typer.Option(None, help="Scale profile: tiny, smollm2-135m, paper (default tiny; with "
+                                                  "--resume, the run's own)."),
     model: str | None = typer.Option(
         None, help="tiny, smollm2-135m, a local HF model folder, or a hub id org/name[@revision] (default: the profile's)."),
     steps: int | None = typer.Option(None, min=1, help="Training steps (default: the profile's)."),
     output_dir: Path | None = typer.Option(
         None, help="Run directory (default: the --resume folder, else $ADA_HOME/runs/<preset>-seed<seed>). "
-                   "A folder that already holds a run is refused unless it is the one resumed or --overwrite is given."),
-    resume: Path | None = typer.Option(None, help="A run directory to continue from its last complete checkpoint."),
+                   "A folder that already holds a run is refused unless it is the one resumed or --overwrite is given; "
+                   "one left by a run that stopped before its first checkpoint is taken, its leftovers moved aside."),
+    resume: Path | None = typer.Option(
+        None, help="A run directory to continue from its last complete checkpoint, with the config it was started "
+                   "with (its config.yaml). Only steps, eval_every, checkpoint_every, checkpoint.keep_last and where "
+                   "servers run may change (ada_core/run/resume.py); any other flag that differs is refused."),
     overwrite: bool = typer.Option(
         False, help="Start a new run in an --output-dir that holds one, moving the old run aside to "
                     "<dir>.replaced-<time> (never deleting it)."),
@@ -92,16 +101,17 @@ def train(
     engine: str | None = typer.Option(None, help="Rollout engine: transformers, or vllm (a server from `make vllm-env`)."),
 ) -> None:
     """Train one policy with one preset; metrics go to <output-dir>/metrics.jsonl."""
-    from ada_core.config import build_config, deep_merge, parse_set
+    from ada_core.config import build_config, deep_merge, parse_set, read_config_file
     from ada_core.data.prompts import pin_hub_ids
     from ada_core.engines.vllm_server import check_engine_config
-    from ada_core.errors import InputError
+    from ada_core.errors import InputError, RunFailure
     from ada_core.paths import runs_dir
     from ada_core.run.folder import check_run_dir
+    from ada_core.run.resume import check_resume_target, resumed_config
     from ada_core.training import train as run_training
 
     overrides: dict = {}
-    for key, value in (("model", model), ("steps", steps), ("seed", seed)):
+    for key, value in (("preset", preset), ("profile", profile), ("model", model), ("steps", steps), ("seed", seed)):
         if value is not None:
             overrides[key] = value
     if dataset is not None:
@@ -113,16 +123,28 @@ def train(
             overrides = deep_merge(overrides, parse_set(set_))
         except ValueError as err:  # a malformed --set is input too
             raise InputError(str(err)) from None
-        cfg = build_config(preset, profile, config_file=config, overrides=overrides)
+        if resume is not None:
+            # The run's own config; what the flags change is checked against it, before anything is read.
+            out = output_dir or resume
+            check_run_dir(out, resume=resume, overwrite=overwrite)  # a live run is refused here, naming its pid
+            check_resume_target(resume)  # a missing folder, or nothing to resume: what works instead
+            file_overrides = read_config_file(config) if config is not None else {}
+            cfg = resumed_config(resume, deep_merge(file_overrides, overrides))
+        else:
+            cfg = build_config(preset or "grpo", profile or "tiny", config_file=config,
+                               overrides={k: v for k, v in overrides.items() if k not in ("preset", "profile")})
+            # Not created yet: a run that fails on its input leaves nothing behind under ADA_HOME.
+            out = output_dir or runs_dir(create=False) / f"{cfg.preset}-seed{cfg.seed}"
+            check_run_dir(out, overwrite=overwrite)  # before any model or data is built
         check_engine_config(cfg)
-        cfg = pin_hub_ids(cfg)  # a hub id not to be had fails here, before any folder exists
-        # Not created yet: a run that fails on its input leaves nothing behind under ADA_HOME.
-        out = output_dir or resume or runs_dir(create=False) / f"{preset}-seed{cfg.seed}"
-        check_run_dir(out, resume=resume, overwrite=overwrite)  # before any model or data is built
+        cfg = pin_hub_ids(cfg)  # a hub id not to be had fails here, before any model or data is built
         last = run_training(cfg, out, resume=resume, overwrite=overwrite)
-    except InputError as err:  # config, YAML, dataset and run-folder errors alike
+    except InputError as err:  # config, YAML, dataset, run-folder and resume errors alike
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(INPUT_ERROR_EXIT) from None
+    except RunFailure as err:  # the run started and failed outside its input (a training rank died)
+        typer.echo(f"error: {err.summary}", err=True)
+        raise typer.Exit(RUN_FAILURE_EXIT) from None
     typer.echo(json.dumps({k: round(v, 4) for k, v in sorted(last.items())}, indent=1))
     typer.echo(f"run directory: {out}")
 

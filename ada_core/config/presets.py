@@ -149,6 +149,25 @@ def parse_set(assignments: list[str]) -> dict[str, Any]:
     return out
 
 
+def read_config_file(config_file: str | Path) -> dict[str, Any]:
+    """A YAML file of config overrides as a mapping; `ConfigError` naming the file (and line) otherwise."""
+    path = Path(config_file)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise ConfigError(f"config file {path}:{where}: not valid YAML ({problem})") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {path}: byte {err.start}: not valid UTF-8") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {path}: expected a mapping at the top level")
+    return loaded
+
+
 def build_config(
     preset: str = "grpo",
     profile: str = "tiny",
@@ -172,20 +191,7 @@ def build_config(
     merged = deep_merge(PROFILES[profile], PRESETS[preset])
     merged = deep_merge(merged, {"preset": preset, "profile": profile})
     if config_file is not None:
-        path = Path(config_file)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist")
-        try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-            problem = getattr(err, "problem", None) or str(err)
-            raise ConfigError(f"config file {path}:{where}: not valid YAML ({problem})") from None
-        except UnicodeDecodeError as err:
-            raise ConfigError(f"config file {path}: byte {err.start}: not valid UTF-8") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {path}: expected a mapping at the top level")
+        loaded = read_config_file(config_file)
         merged = deep_merge(merged, loaded)
         given = deep_merge(given, loaded)
     if overrides:

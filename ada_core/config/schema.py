@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ada_core.config.applies import ALWAYS, LABEL, when
-from ada_core.errors import InputError
+from ada_core.errors import ConfigError
 
 
 class _Strict(BaseModel):
@@ -488,10 +488,6 @@ class TrainConfig(_Strict):
                              f"({v.num_servers if v.num_servers > 1 else len(v.base_urls)} servers); use one server "
                              "(num_servers: 1, or base_url) or schedule: rounds")
         return self
-
-
-class ConfigError(InputError, ValueError):
-    """A config value is invalid; the message names the dotted field."""
 
 
 def validate_config(data: dict[str, Any]) -> TrainConfig:

@@ -21,6 +21,7 @@ import random
 import shutil
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from ada_core.data.source import PromptSource
 from ada_core.data.suites import load_suite, suite_metrics
 from ada_core.engines.deepspeed_engine import load_state
 from ada_core.engines.factory import build_rollout_engine, build_update_engine
-from ada_core.errors import DatasetError
+from ada_core.errors import ConfigError, DatasetError, ResumeError
 from ada_core.models import encode_prompts, load_policy
 from ada_core.protocols import RolloutEngine, SamplingParams, UpdateEngine
 from ada_core.records import Prompt, RolloutBatch
@@ -51,9 +52,10 @@ from ada_core.run.checkpoints import (
     mark_complete,
     prune_checkpoints,
 )
-from ada_core.run.folder import check_run_dir, claim_run_dir
-from ada_core.run.reference import keep_reference, reference_of
+from ada_core.run.folder import RunLock, check_run_dir, claim_run_dir
 from ada_core.run.ledger import Ledger
+from ada_core.run.reference import keep_reference, reference_of
+from ada_core.run.resume import check_resumable, checkpoint_source, read_saved_config
 from ada_core.sampling import make_sampler
 from ada_core.training.start import start_model
 
@@ -92,6 +94,8 @@ class RunState:
     ledger: Ledger | None = None
     suite: list[tuple[Any, list[Prompt]]] = field(default_factory=list)
     """`config.eval_suite`'s benchmarks with their encoded prompts (ada_core/data/suites.py); empty without one."""
+    lock: RunLock | None = None
+    """This process's lock on `output_dir` (ada_core/run/folder.py), released last by `close`."""
 
     @property
     def sampling(self) -> SamplingParams:
@@ -100,12 +104,16 @@ class RunState:
 
     def close(self) -> None:
         try:
-            if self.ledger is not None:
-                self.ledger.close()
-            self.verifier.close()
-            self.rollout.close()  # the vLLM engine stops its server
+            try:
+                if self.ledger is not None:
+                    self.ledger.close()
+                self.verifier.close()
+                self.rollout.close()  # the vLLM engine stops its server
+            finally:
+                self.updater.close()  # a rank group stops its actors (and the Ray it started)
         finally:
-            self.updater.close()  # a rank group stops its actors (and the Ray it started)
+            if self.lock is not None:
+                self.lock.release()  # last: the folder is free once nothing of this run writes it
 
 
 @dataclass
@@ -132,8 +140,11 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
     """Build models, data and engines; with `resume`, restore the newest good checkpoint of that run.
 
     `output_dir` must not hold another run (`ada_core.run.folder`): resume it, or `overwrite` to move the
-    old run aside first. Bad input (dataset, config) raises an `InputError` before the folder is
-    claimed, so nothing is written or moved.
+    old run aside first; no other live process may be writing it, and this one holds its lock until
+    `RunState.close`. A resume takes no config but the run's own: `config` may differ from the saved
+    `config.yaml` only in `ada_core.run.resume.RESUMABLE`, and its data must give the prompts the
+    checkpoint's cursor was saved over. Bad input (dataset, config, resume, prompts per step) raises an
+    `InputError` before the folder is claimed, so nothing is written or moved.
     """
     output_dir = Path(output_dir)
     choice = latest_good_checkpoint(Path(resume)) if resume else None
@@ -142,6 +153,8 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
         detail = "".join(f"; {p.name}: {why}" for p, why in choice.rejected)
         raise NoCheckpoint(f"--resume {resume}: no complete checkpoint under {Path(resume) / files.CHECKPOINTS}{detail}",
                            damaged=choice.damaged)
+    if checkpoint is not None:  # a resume is the same run: only ada_core.run.resume.RESUMABLE may differ
+        check_resumable(read_saved_config(resume), config, resume)
     if choice is not None and choice.rejected:
         log.warning("--resume %s: %s", resume, choice.describe())
     check_run_dir(output_dir, resume=resume, overwrite=overwrite)  # refuse early; claimed once inputs are read
@@ -151,6 +164,7 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
 
     config = pin_hub_ids(config)  # hub ids -> org/name@<commit>, so config.yaml records what was read
     train_prompts, eval_prompts = run_split(config.data, config.seed)
+    check_prompts_per_step(config, len(train_prompts))  # before any model is loaded
     suite = load_suite(config.eval_suite) if config.eval_suite else []
 
     if checkpoint is not None:
@@ -162,38 +176,47 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
     train_prompts, eval_prompts, skipped = _encode_within_limit(tokenizer, train_prompts, eval_prompts, config)
     for _, bench_prompts in suite:  # every benchmark prompt is scored, as the paper does: no length cut
         encode_prompts(tokenizer, bench_prompts)
-    moved = claim_run_dir(output_dir, resume=resume, overwrite=overwrite)
+    check_prompts_per_step(config, len(train_prompts), after_skipping=skipped)
+    source = PromptSource(train_prompts, seed=config.seed)
+    if checkpoint is not None:
+        problem = source.mismatch(checkpoint_source(checkpoint))
+        if problem is not None:
+            raise ResumeError(f"resume {resume}: data.dataset {config.data.dataset}: {problem} (the dataset changed "
+                              "since the run started); resume with the same data, or start a new run")
+    moved, lock = claim_run_dir(output_dir, resume=resume, overwrite=overwrite)
     if moved is not None:
         log.warning("moved the run that was in %s aside to %s", output_dir, moved)
 
-    reference_dir = None
-    if config.loss.kl_coef > 0:
-        same_run = saved_reference is not None and saved_reference.parent.resolve() == output_dir.resolve()
-        reference_dir = saved_reference if same_run else keep_reference(saved_reference or model_dir, output_dir)
-    updater = build_update_engine(config, model, model_dir, tokenizer.pad_token_id, log_dir=output_dir / "ranks",
-                                  reference_dir=reference_dir)
-    step = _checkpoint_step(checkpoint) if checkpoint is not None else 0
-    try:
+    with ExitStack() as undo:  # what a set-up that fails from here takes down again, newest first
+        undo.callback(lock.release)
+        reference_dir = None
+        if config.loss.kl_coef > 0:
+            same_run = saved_reference is not None and saved_reference.parent.resolve() == output_dir.resolve()
+            reference_dir = saved_reference if same_run else keep_reference(saved_reference or model_dir, output_dir)
+        updater = build_update_engine(config, model, model_dir, tokenizer.pad_token_id, log_dir=output_dir / "ranks",
+                                      reference_dir=reference_dir)
+        undo.callback(updater.close)
+        step = _checkpoint_step(checkpoint) if checkpoint is not None else 0
         rollout = build_rollout_engine(config, model_dir, updater, tokenizer, output_dir, weight_version=step)
-    except BaseException:
-        updater.close()
-        raise
-    state = RunState(
-        config=config,
-        output_dir=output_dir,
-        tokenizer=tokenizer,
-        rollout=rollout,
-        updater=updater,
-        verifier=MathVerifier(),
-        source=PromptSource(train_prompts, seed=config.seed),
-        eval_prompts=eval_prompts,
-        rng=np.random.default_rng(config.seed),
-        num_params=sum(p.numel() for p in model.parameters()),
-        skipped_prompts=skipped,
-        resumed_from=choice,
-        sampler=make_sampler(config.sampler, config.advantage),
-        suite=suite,
-    )
+        undo.callback(rollout.close)
+        state = RunState(
+            config=config,
+            output_dir=output_dir,
+            tokenizer=tokenizer,
+            rollout=rollout,
+            updater=updater,
+            verifier=MathVerifier(),
+            source=source,
+            eval_prompts=eval_prompts,
+            rng=np.random.default_rng(config.seed),
+            num_params=sum(p.numel() for p in model.parameters()),
+            skipped_prompts=skipped,
+            resumed_from=choice,
+            sampler=make_sampler(config.sampler, config.advantage),
+            suite=suite,
+            lock=lock,
+        )
+        undo.pop_all()  # from here `state.close()` takes everything down
     try:
         (output_dir / files.CONFIG).write_text(yaml.safe_dump(config.model_dump(), sort_keys=False))
         if checkpoint is not None:
@@ -203,6 +226,20 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
         state.close()  # a launched vLLM server must not outlive a failed set-up
         raise
     return state
+
+
+def check_prompts_per_step(config: TrainConfig, available: int, after_skipping: int = 0) -> None:
+    """`ConfigError` when a step would ask for more distinct prompts than the training set holds."""
+    if config.prompts_per_step <= available:
+        return
+    pool = f", data.train_pool={config.data.train_pool}" if config.data.train_pool is not None else ""
+    skipped = (f" after skipping {after_skipping} longer than data.max_prompt_tokens={config.data.max_prompt_tokens}"
+               if after_skipping else "")
+    raise ConfigError(
+        f"prompts_per_step={config.prompts_per_step} exceeds the {available} training prompts of data.dataset "
+        f"{config.data.dataset}{skipped} (data.train_size={config.data.train_size}, data.eval_size="
+        f"{config.data.eval_size} held out{pool}): lower prompts_per_step or give the run more prompts"
+    )
 
 
 def _encode_within_limit(tokenizer, train: list[Prompt], evals: list[Prompt],
