@@ -272,6 +272,11 @@ class RolloutConfig(_Strict):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling. Ref: 1.0.")
     max_tokens: int = Field(2048, ge=1, description="Max response tokens. Ref: 2048.")
     micro_batch_size: int = Field(64, ge=1, description="Sequences per generate() call on the engine. Ours.")
+    async_steps: int = Field(
+        0, ge=0, description="0: the synchronous loop (rollout, then update, then weight sync). k >= 1: the "
+        "servers draw the next steps' batches while the trainer updates, from a policy at most k updates old "
+        "(docs/ALGORITHM.md, Asynchronous rollout); needs rollout.engine: vllm and loss.tis_cap. Ours: 0."
+    )
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
 
 
@@ -384,6 +389,23 @@ class TrainConfig(_Strict):
         if self.sampler.schedule == "streaming" and self.rollout.engine != "vllm":
             raise ValueError(f"sampler.schedule: 'streaming' needs rollout.engine: vllm (per-sample requests with "
                              f"abort); rollout.engine={self.rollout.engine!r} serves only schedule: rounds")
+        return self
+
+    @model_validator(mode="after")
+    def _async_needs_a_server(self) -> "TrainConfig":
+        k = self.rollout.async_steps
+        if k == 0:
+            return self
+        if self.rollout.engine != "vllm":
+            raise ValueError(f"rollout.async_steps: {k} needs rollout.engine: vllm (servers that generate while the "
+                             f"trainer updates); rollout.engine={self.rollout.engine!r} shares the trainer's weights, "
+                             "use rollout.async_steps: 0")
+        if self.rollout.vllm.sleep_during_update:
+            raise ValueError(f"rollout.async_steps: {k} keeps the servers generating during the update; "
+                             "rollout.vllm.sleep_during_update cannot be on with it")
+        if self.loss.tis_cap is None:
+            raise ValueError(f"rollout.async_steps: {k} trains on samples up to {k} update(s) old; set loss.tis_cap "
+                             "(e.g. 2.0) for the capped importance weight that corrects for it")
         return self
 
 
