@@ -42,7 +42,8 @@ def test_async_steps_1_trains_with_each_sampler(preset, sampler, vllm_server, tm
     assert [r[K.ASYNC_STALENESS_MAX] for r in rows] == [0, 1] and rows[1][K.ASYNC_STALENESS_MEAN] == 1
     assert all(0 <= r[K.TIME_OVERLAP_S] <= r[K.TIME_STEP_S] for r in rows), [r[K.TIME_OVERLAP_S] for r in rows]
     assert all(0 <= r[K.server_idle_key(0)] <= 1 for r in rows)
-    assert Counter(r["step"] for r in read_rows(tmp_path / "run")) == {1: 8, 2: 8}
+    drawn = Counter(r["step"] for r in read_rows(tmp_path / "run"))  # dapo draws more batches per step
+    assert [drawn[1], drawn[2]] == [r[K.SAMPLER_PROMPTS_DRAWN] for r in rows] and min(drawn.values()) >= 8
 
 
 class Killed(RuntimeError):
