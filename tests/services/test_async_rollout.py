@@ -18,7 +18,7 @@ from ada_core.training import Callbacks, run_steps, setup
 
 pytestmark = pytest.mark.slow
 
-RUN = {"prompts_per_step": 8, "eval_every": 0, "checkpoint_every": 0, "sft_steps": 0, "eval_k": 2,
+RUN = {"prompts_per_step": 8, "eval_every": 0, "checkpoint_every": 0, "sft_steps": 0,
        "data": {"train_size": 24, "eval_size": 8}, "loss": {"tis_cap": 2.0}}
 
 
@@ -29,8 +29,8 @@ def _config(preset, url, steps, **extra):
 
 @pytest.mark.parametrize("preset,sampler", [("grpo", {}), ("dapo", {}), ("ada-balance", {"schedule": "rounds"})])
 def test_async_steps_1_trains_with_each_sampler(preset, sampler, vllm_server, tmp_path):
-    evals = 2 if preset == "grpo" else 0  # evaluation on the rollout thread, once
-    state = setup(_config(preset, vllm_server.base_url, 2, sampler=sampler, eval_every=evals), tmp_path / "run")
+    evals = {"eval_every": 2, "eval_k": 2} if preset == "grpo" else {}  # evaluation on the rollout thread, once
+    state = setup(_config(preset, vllm_server.base_url, 2, sampler=sampler, **evals), tmp_path / "run")
     try:
         last = run_steps(state)
         assert state.rollout.server_weight_version() == "2"  # the last update's weights were loaded at the end
