@@ -333,6 +333,12 @@ class RolloutConfig(_Strict):
     max_tokens: int = Field(2048, ge=1, description="Max response tokens. Ref: 2048.", json_schema_extra=ALWAYS)
     micro_batch_size: int = Field(64, ge=1, description="Sequences per generate() call on the engine. Ours.",
                                   json_schema_extra=when("rollout.engine == transformers or run.curate == true"))
+    async_steps: int = Field(
+        0, ge=0, description="0: the synchronous loop (rollout, then update, then weight sync). k >= 1: the "
+        "servers draw the next steps' batches while the trainer updates, from a policy at most k updates old "
+        "(docs/ALGORITHM.md, Asynchronous rollout); needs rollout.engine: vllm and loss.tis_cap. Ours: 0.",
+        json_schema_extra=when("rollout.engine == vllm")
+    )
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
 
 
@@ -479,14 +485,20 @@ class TrainConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _streaming_on_one_server(self) -> "TrainConfig":
-        # The one place that refuses streaming over a pool of servers; lift it once the pool streams.
-        v = self.rollout.vllm
-        if self.sampler.schedule == "streaming" and (v.num_servers > 1 or len(v.base_urls) > 1):
-            field = "rollout.vllm.num_servers" if v.num_servers > 1 else "rollout.vllm.base_urls"
-            raise ValueError(f"{field}: sampler.schedule 'streaming' runs on one vLLM server, and this asks for a pool "
-                             f"({v.num_servers if v.num_servers > 1 else len(v.base_urls)} servers); use one server "
-                             "(num_servers: 1, or base_url) or schedule: rounds")
+    def _async_needs_a_server(self) -> "TrainConfig":
+        k = self.rollout.async_steps
+        if k == 0:
+            return self
+        if self.rollout.engine != "vllm":
+            raise ValueError(f"rollout.async_steps: {k} needs rollout.engine: vllm (servers that generate while the "
+                             f"trainer updates); rollout.engine={self.rollout.engine!r} shares the trainer's weights, "
+                             "use rollout.async_steps: 0")
+        if self.rollout.vllm.sleep_during_update:
+            raise ValueError(f"rollout.async_steps: {k} keeps the servers generating during the update; "
+                             "rollout.vllm.sleep_during_update cannot be on with it")
+        if self.loss.tis_cap is None:
+            raise ValueError(f"rollout.async_steps: {k} trains on samples up to {k} update(s) old; set loss.tis_cap "
+                             "(e.g. 2.0) for the capped importance weight that corrects for it")
         return self
 
 

@@ -1,7 +1,8 @@
 """The training loop, built from step functions the platform wraps as Prefect tasks.
 
 One step: prompts -> sampler (engine + verifier) -> advantages -> update -> weight sync. Every E
-steps it evaluates, every C steps it checkpoints. `train` is the only loop; the Prefect flow passes
+steps it evaluates, every C steps it checkpoints. With `rollout.async_steps > 0` the batches are drawn
+ahead on a rollout thread while the trainer updates (ada_core/training/feed.py); the loop is the same. `train` is the only loop; the Prefect flow passes
 task-wrapped versions of the same step functions through `StepFunctions`, so there is no second one.
 
 The run folder's files are named and read in ada_core/run/files.py.
@@ -57,6 +58,7 @@ from ada_core.run.ledger import Ledger
 from ada_core.run.reference import keep_reference, reference_of
 from ada_core.run.resume import check_resumable, checkpoint_source, read_saved_config
 from ada_core.sampling import make_sampler
+from ada_core.training.feed import AsyncFeed, SyncFeed, staleness_metrics
 from ada_core.training.start import start_model
 
 log = logging.getLogger(__name__)
@@ -96,6 +98,12 @@ class RunState:
     """`config.eval_suite`'s benchmarks with their encoded prompts (ada_core/data/suites.py); empty without one."""
     lock: RunLock | None = None
     """This process's lock on `output_dir` (ada_core/run/folder.py), released last by `close`."""
+    drawing_step: int = 0
+    """The step whose batch the rollout is drawing (ahead of `step` under rollout.async_steps)."""
+    staged_weights: Any = None
+    """rollout.async_steps: the weights the last update wrote, until the feed queues their load."""
+    checkpoint_view: Any = None
+    """rollout.async_steps: the rollout side's state a checkpoint of this step saves (feed.Snapshot)."""
 
     @property
     def sampling(self) -> SamplingParams:
@@ -272,8 +280,17 @@ def update_step(state: RunState, batch: RolloutBatch) -> dict[str, float]:
 
     An engine in another process (vLLM) gets the new weights once here, as weight version
     `step + 1`; with sleep mode it also sleeps through the update (sleep and wake-up count as sync
-    time). The in-process engine shares the weights: its sleep, wake-up and sync are no-ops."""
+    time). The in-process engine shares the weights: its sleep, wake-up and sync are no-ops.
+    With `rollout.async_steps > 0` the weights are only written here (`time/sync_s` is that write);
+    the rollout thread loads them between two batches (ada_core/training/feed.py)."""
     rollout = state.rollout
+    if state.config.rollout.async_steps > 0:
+        start = time.perf_counter()
+        metrics = state.updater.update(batch.groups)
+        metrics[K.TIME_UPDATE_S] = time.perf_counter() - start
+        state.staged_weights = rollout.stage_weights(state.updater.module, version=state.step + 1)
+        metrics[K.TIME_SYNC_S] = state.staged_weights.write_s
+        return metrics
     start = time.perf_counter()
     rollout.sleep()
     sleep_s = time.perf_counter() - start
@@ -323,7 +340,11 @@ def _score(state: RunState, prompts: list[Prompt], sampling: SamplingParams) -> 
 
 
 def save_checkpoint(state: RunState) -> Path:
-    """Write HF weights, optimizer, RNG states and the data cursor; atomically (tmp dir, then rename)."""
+    """Write HF weights, optimizer, RNG states and the data cursor; atomically (tmp dir, then rename).
+
+    Under rollout.async_steps the rollout side's state (cursor, numpy RNG, sampler) is the one from
+    just before the next step's batch was drawn (`state.checkpoint_view`, set by the loop)."""
+    view = state.checkpoint_view
     if state.ledger is not None:
         state.ledger.flush()  # every row up to this step is committed before the checkpoint exists
     root = state.output_dir / files.CHECKPOINTS
@@ -338,10 +359,10 @@ def save_checkpoint(state: RunState) -> Path:
         "step": state.step,
         "totals": state.totals,
         "elapsed_s": state.elapsed_s,
-        "source": state.source.state_dict(),
-        "numpy_rng": state.rng.bit_generator.state,
+        "source": view.source if view else state.source.state_dict(),
+        "numpy_rng": view.numpy_rng if view else state.rng.bit_generator.state,
         "python_rng": _jsonable(random.getstate()),
-        "sampler": state.sampler.state_dict(),
+        "sampler": view.sampler if view else state.sampler.state_dict(),
         "ledger": state.ledger.state_dict() if state.ledger is not None else None,
     }
     (tmp / "trainer_state.json").write_text(json.dumps(trainer_state))
@@ -413,17 +434,31 @@ def run_steps(state: RunState, steps: StepFunctions = DEFAULT_STEPS, callbacks: 
     callbacks = callbacks or Callbacks()
     last: dict[str, float] = {}
     metrics_path = state.output_dir / files.METRICS
+    k = cfg.rollout.async_steps
+    feed = AsyncFeed(state, steps, k) if k > 0 else SyncFeed(state, steps)
+    meters = server_meters(state.rollout)
+    readings = [m.read() for m in meters]
     bar = tqdm(total=cfg.steps, initial=state.step, desc=f"{cfg.preset}", unit="step", dynamic_ncols=True)
     try:
         while state.step < cfg.steps:
             if state.step == 0 and cfg.eval_every > 0:
-                _run_eval(state, steps, callbacks, metrics_path)
+                _run_eval(state, feed, callbacks, metrics_path)
+                readings = [m.read() for m in meters]
             start = time.perf_counter()
-            batch = steps.rollout(state)
+            batch, fed = feed.next_batch()
+            update_start = time.perf_counter()
             update = steps.update(state, batch)
+            update_end = time.perf_counter()
+            update.update(fed)
+            update.update(feed.after_update(update_start, update_end))
+            update.update(staleness_metrics(batch, state.step, k))
             step_s = time.perf_counter() - start
             state.step += 1
             state.elapsed_s += step_s
+            now = [m.read() for m in meters]
+            for i, (a, b) in enumerate(zip(readings, now)):
+                update[K.server_idle_key(i)] = (b.empty_s - a.empty_s) / (b.at - a.at) if b.at > a.at else 0.0
+            readings = now
             if state.ledger is not None:  # queued here, written by the ledger's thread
                 state.ledger.record(state.step, batch.pools, {g.prompt.id for g in batch.groups})
             last = step_metrics(state, batch, update, step_s)
@@ -431,21 +466,39 @@ def run_steps(state: RunState, steps: StepFunctions = DEFAULT_STEPS, callbacks: 
             if callbacks.on_step:
                 callbacks.on_step(state.step, last)
             if cfg.eval_every > 0 and (state.step % cfg.eval_every == 0 or state.step == cfg.steps):
-                last.update(_run_eval(state, steps, callbacks, metrics_path))
+                last.update(_run_eval(state, feed, callbacks, metrics_path))
             if state.step == cfg.steps or (cfg.checkpoint_every > 0 and state.step % cfg.checkpoint_every == 0):
-                path = steps.checkpoint(state)
+                state.checkpoint_view = feed.checkpoint_view()
+                try:
+                    path = steps.checkpoint(state)
+                finally:
+                    state.checkpoint_view = None
                 if callbacks.on_checkpoint:
                     callbacks.on_checkpoint(state.step, path)
             bar.update(1)
             bar.set_postfix(reward=f"{last.get(K.REWARD_MEAN, 0):.3f}", eff=f"{last.get(K.SAMPLER_EFFECTIVE_RATIO, 0):.2f}",
                             acc=f"{last.get(K.EVAL_AVG_AT_K, float('nan')):.3f}")
+    except BaseException:
+        feed.close(quiet=True)
+        raise
+    else:
+        feed.close()
     finally:
         bar.close()
     return last
 
 
-def _run_eval(state: RunState, steps: StepFunctions, callbacks: Callbacks, metrics_path: Path) -> dict[str, float]:
-    result = steps.evaluate(state)
+def server_meters(rollout: RolloutEngine) -> list:
+    """The occupancy meter of each server behind `rollout` (a pool's members, or the engine's own)."""
+    members = getattr(rollout, "members", None)
+    if members is not None:
+        return [m.meter for m in members]
+    meter = getattr(rollout, "meter", None)
+    return [meter] if meter is not None else []
+
+
+def _run_eval(state: RunState, feed, callbacks: Callbacks, metrics_path: Path) -> dict[str, float]:
+    result = feed.evaluate()
     files.append_jsonl(metrics_path, {"step": state.step, **result})
     if callbacks.on_eval:
         callbacks.on_eval(state.step, result, files.read_generations(state.output_dir, state.step))
