@@ -132,4 +132,9 @@ def vllm_server(tiny_model, tmp_path_factory):
 
     log_path = tmp_path_factory.mktemp("vllm") / "server.log"
     with VLLMServer(tiny_model, dtype="float32", log_path=log_path, startup_timeout_s=600) as server:
-        yield server
+        patch = pytest.MonkeyPatch()  # runs attach with `rollout.vllm.base_url`; the key goes by the environment
+        patch.setenv("ADA_VLLM_API_KEY", server.api_key)
+        try:
+            yield server
+        finally:
+            patch.undo()

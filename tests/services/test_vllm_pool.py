@@ -80,8 +80,9 @@ def test_two_servers_share_a_round_and_both_take_the_new_weights(pool, policy, t
     assert worst < 1e-4, f"a server's behaviour log-probs differ from the synced weights by {worst}"
 
 
-def test_a_run_goes_on_when_one_server_is_killed(pool, tmp_path):
+def test_a_run_goes_on_when_one_server_is_killed(pool, tmp_path, monkeypatch):
     urls = [m.base_url for m in pool.members]
+    monkeypatch.setenv("ADA_VLLM_API_KEY", pool.members[0].server.api_key)  # the pool's servers share one
     config = build_config("grpo", "tiny", overrides={
         "steps": 3, "prompts_per_step": 6, "eval_every": 0, "checkpoint_every": 0, "sft_steps": 0,
         "data": {"train_size": 48, "eval_size": 8}, "rollout": {"engine": "vllm", "vllm": {"base_urls": urls}}})
