@@ -86,13 +86,20 @@ class RunState:
         return SamplingParams(temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens)
 
     def close(self) -> None:
-        try:
-            if self.ledger is not None:
-                self.ledger.close()
-            self.verifier.close()
-            self.rollout.close()  # the vLLM engine stops its server
-        finally:
-            self.updater.close()  # a rank group stops its actors (and the Ray it started)
+        """Close every part, even when one fails to close (the first failure is raised after the rest)."""
+        parts = [self.ledger, self.verifier,
+                 self.rollout,  # the vLLM engine stops its server
+                 self.updater]  # a rank group stops its actors (and the Ray it started)
+        failure: BaseException | None = None
+        for part in parts:
+            if part is None:
+                continue
+            try:
+                part.close()
+            except BaseException as err:  # noqa: BLE001 - the others still close
+                failure = failure or err
+        if failure is not None:
+            raise failure
 
 
 @dataclass
