@@ -46,3 +46,18 @@ SMALL = {
 def tiny_config(preset: str, steps: int, **extra):
     """`preset` on the tiny profile for `steps` steps, with SMALL and `extra` layered on."""
     return build_config(preset, "tiny", overrides={**SMALL, "steps": steps, **extra})
+
+
+def listeners_beyond_loopback(pid: int, ignore_ports: set[int] = frozenset()) -> list[tuple[str, int]]:
+    """The (address, port) of each TCP socket process `pid` listens on outside 127.0.0.0/8 and ::1,
+    ports in `ignore_ports` aside (`ss -ltnp`, through psutil)."""
+    import ipaddress
+
+    import psutil
+
+    found = []
+    for conn in psutil.Process(pid).net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr.port not in ignore_ports:
+            if not ipaddress.ip_address(conn.laddr.ip).is_loopback:
+                found.append((conn.laddr.ip, conn.laddr.port))
+    return found
