@@ -6,6 +6,7 @@ No Prefect and no MLflow: it reads run folders through `ada_core.run.files` and
 - `curves`: a run folder as `RunCurves` (one point per step), the budget axes.
 - `tables`: the final-metrics table (mean ± std over seeds).
 - `plots`: accuracy and reward against each budget axis, per-step curves, the step-time split.
+- `configs`: every config field that differs between the variants, algorithm fields and `other`.
 - `paired`: paired differences from a reference variant at equal budget, with 95% intervals.
 - `prompt_plot`: the prompt-ledger plot (pass rate per prompt over training).
 - `writer`: `write_report` (every file and report.md) and the command line.
@@ -13,6 +14,7 @@ No Prefect and no MLflow: it reads run folders through `ada_core.run.files` and
     python -m report RUN_DIR... --out OUT_DIR [--reference grpo]
 """
 
+from report.configs import config_differences, differences_markdown
 from report.curves import (
     CUMULATIVE,
     FLOPS_CUM,
@@ -34,7 +36,7 @@ from report.writer import Report, main, write_report
 
 __all__ = [
     "CUMULATIVE", "FLOPS_CUM", "PAIRED_AXES", "STEP_TIME_CUM", "TIME_SPLIT", "X_AXES", "Y_AXES", "Report", "RunCurves",
-    "count_params", "final_metrics", "load_run", "main", "mean_ci", "mean_std", "merge_rows", "paired_differences",
-    "paired_table", "pass_rate_matrix", "plot_against", "plot_per_step", "plot_prompt_ledger", "plot_time_split",
+    "config_differences", "count_params", "differences_markdown", "final_metrics", "load_run", "main", "mean_ci",
+    "mean_std", "merge_rows", "paired_differences", "paired_table", "pass_rate_matrix", "plot_against", "plot_per_step", "plot_prompt_ledger", "plot_time_split",
     "reference_for", "regime_of", "summary_table", "value_at", "write_report",
 ]
