@@ -85,7 +85,7 @@ def compare(params: CompareParams = CompareParams()) -> dict[str, Any]:
     description = (f"compare: {', '.join(params.variants)} over seeds {params.seeds}"
                    f"{' plus a matched-budget GRPO control' if params.matched_grpo else ''}, {params.steps} steps "
                    "each; the children are the nested runs, the report is under `report/`.")
-    with tracking.tracked_run(uri, params.experiment, group, tags=group_tags("compare"),
+    with tracking.tracked_run(uri, params.experiment, group, tags=group_tags("compare", group),
                               run_id=parent_run, description=description) as (client, parent_id):
         logger.info("compare %s: MLflow parent run %s at %s", group, parent_id, uri)
         log_group_params(client, parent_id, params, variants=params.variants, seeds=params.seeds,

@@ -32,7 +32,7 @@ def sweep(params: SweepParams = SweepParams()) -> dict[str, Any]:
 
     description = (f"sweep: {len(grid)} points x {len(params.seeds)} seeds over N={params.N}, M={params.M}, "
                    f"n={params.n}; the children are the nested runs, the report is under `report/`.")
-    with tracking.tracked_run(uri, params.experiment, group, tags=group_tags("sweep"),
+    with tracking.tracked_run(uri, params.experiment, group, tags=group_tags("sweep", group),
                               run_id=parent_run, description=description) as (client, parent_id):
         logger.info("sweep %s: %d points x %d seeds; MLflow parent run %s", group, len(grid), len(params.seeds),
                     parent_id)

@@ -60,11 +60,13 @@ def compared(flows_env):
 
 
 def _children(client: MlflowClient, parent_id: str) -> dict[str, object]:
-    """Child runs by `<variant>-s<seed>`; their run names are `<group>/<variant>-s<seed>`."""
+    """Child runs by `<variant>-s<seed>`; their run names are `<variant>-s<seed> @ <group>`, their
+    study tag the group's, which is the parent's name and study."""
     parent = client.get_run(parent_id)
     runs = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'")
-    assert all(r.info.run_name.startswith(f"{parent.info.run_name}/") for r in runs)
-    return {r.info.run_name.split("/")[-1]: r for r in runs}
+    assert all(r.info.run_name.endswith(f" @ {parent.info.run_name}") for r in runs)
+    assert {r.data.tags["ada.study"] for r in runs} == {parent.data.tags["ada.study"]} == {parent.info.run_name}
+    return {r.info.run_name.split(" @ ")[0]: r for r in runs}
 
 
 # ---------------------------------------------------------------------------------------------
