@@ -160,6 +160,13 @@ def test_report_is_on_the_parent_run_and_a_prefect_artifact(compared):
     # every variant paired against grpo, and the prompt ledger's plot
     assert "| ada-balance | grpo | generated samples | 1 |" in markdown and "paired.json" in files
     assert "prompt_pass_rates.png" in files
+    # each variant's mean with a band over seeds (interactive and static), and one seed says it has no std
+    assert {"bands.html", "accuracy_reward_bands.png"} <= files
+    assert "± n/a (1 seed)" in markdown and "± 0.000" not in markdown
+    table = client.load_table(client.get_run(summary["parent_run_id"]).info.experiment_id,
+                              "report/final_metrics.json", run_ids=[summary["parent_run_id"]])
+    assert list(table["variant"]) == ["grpo", "ada-balance", "grpo-matched"] and list(table["n_seeds"]) == [1, 1, 1]
+    assert table["held-out accuracy (avg@k) std"].isna().all()  # one seed: no std, not 0
 
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
