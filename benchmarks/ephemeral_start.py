@@ -40,7 +40,7 @@ print("finished", result["run_id"])
 """
 TRIVIAL = """
 import flows
-from prefect import flow
+from flows.runtime import flow  # the platform's flows' decorator: the database is migrated first
 
 
 @flow(name="start")

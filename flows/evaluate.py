@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 from prefect.utilities.annotations import quote
 
 from ada_core.paths import runs_dir
@@ -22,7 +22,7 @@ from ada_core.run.files import read_generations
 from ada_core.training import setup
 from flows import tracking
 from flows.params import EvaluateParams
-from flows.runtime import run_stamp, set_torch_threads
+from flows.runtime import flow, run_stamp, set_torch_threads
 from tasks.training import evaluate as evaluate_task
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 
 from flows import tracking
 from flows.group import child_params, finish_group, group_folder, group_tags, log_group_params, run_children
 from flows.params import SweepParams
-from flows.runtime import set_torch_threads
+from flows.runtime import flow, set_torch_threads
 from flows.train import prepare_data
 
 

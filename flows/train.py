@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 from prefect.client.schemas.objects import ConcurrencyLeaseHolder
 from prefect.concurrency.sync import concurrency
 from prefect.runtime import flow_run
@@ -36,7 +36,7 @@ from flows import resume as resuming
 from flows import tracking
 from flows.params import TrainParams
 from flows.progress import TrainProgress, chain
-from flows.runtime import quiet_task_run_logs, run_stamp, set_torch_threads
+from flows.runtime import flow, quiet_task_run_logs, run_stamp, set_torch_threads
 from tasks.curation import curate_for, training_config
 from tasks.progress import ProgressArtifact
 from tasks.training import TASK_STEPS

@@ -75,7 +75,7 @@ CLEARED = ("PREFECT_SERVER_ANALYTICS_ENABLED", "MLFLOW_DISABLE_TELEMETRY", "DO_N
            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "MLFLOW_TRACKING_URI", "PREFECT_HOME", "ADA_HOME")
 TRIVIAL_FLOW = """
 import os, flows
-from prefect import flow
+from flows.runtime import flow  # the platform's flows' decorator: the database is migrated first
 
 @flow(name="first-start")
 def first_start() -> int:
