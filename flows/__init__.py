@@ -13,10 +13,11 @@ start. A variable the user set (even to "true") is left as it is.
 Why the bound: with no PREFECT_API_URL a flow starts a temporary server, which on a new database
 runs every migration before it answers. Prefect waits `PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`
 (20), counted in its 0.1 s polling sleeps, then fails with "Timed out while attempting to connect to
-ephemeral Prefect API server". On this 2-core machine, shared, four flows started at once on one
-fresh PREFECT_HOME all failed that way with 20 and all finished with 300 (after 92-146 s);
-docs/BENCHMARKS.md (Temporary Prefect server) has the runs. The heartbeat, when on, writes its
-session row into the same new database during the first API writes and logs `database is locked`.
+ephemeral Prefect API server": 4 of 4 first starts in a row did on this shared 2-core machine, 0 of
+10 with 300. Servers started together on one new database also race in the migrations; the
+platform's flows migrate it once first (`flows.runtime.prepare_local_prefect`). The heartbeat, when
+on, writes its session row into the new database during the first API writes and logs
+`database is locked`. docs/BENCHMARKS.md (Temporary Prefect server) has the runs.
 """
 
 import os
