@@ -85,13 +85,14 @@ def plot_bands_html(runs: list[RunCurves], out: Path) -> Path:
             for band in variant_bands(runs, x_key, y_key):
                 color = colors[band.label]
                 if band.seeds > 1:
-                    fig.add_trace(go.Scatter(
-                        x=np.concatenate([band.x, band.x[::-1]]), y=np.concatenate([band.high, band.low[::-1]]),
+                    fig.add_trace(go.Scatter(  # plain lists: readable in the page, not base64 typed arrays
+                        x=np.concatenate([band.x, band.x[::-1]]).tolist(),
+                        y=np.concatenate([band.high, band.low[::-1]]).tolist(), mode="lines",
                         fill="toself", fillcolor=color, opacity=0.2, line={"width": 0}, hoverinfo="skip",
                         name=f"{band.label} ±1 std", legendgroup=band.label, showlegend=False,
                     ), row=row, col=col)
                 fig.add_trace(go.Scatter(
-                    x=band.x, y=band.mean, mode="lines+markers" if y_key == K.EVAL_AVG_AT_K else "lines",
+                    x=band.x.tolist(), y=band.mean.tolist(), mode="lines+markers" if y_key == K.EVAL_AVG_AT_K else "lines",
                     line={"color": color}, marker={"size": 5}, legendgroup=band.label,
                     name=f"{band.label} (mean of {band.seeds} seeds)" if band.seeds > 1 else f"{band.label} (1 seed)",
                     showlegend=band.label not in shown,
