@@ -53,7 +53,7 @@ print("finished", start())
 
 
 def child_env(home: Path, timeout: int | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in CLEARED}
+    env = {k: v for k, v in os.environ.items() if k not in CLEARED and k not in ("MASTER_ADDR", "MASTER_PORT")}
     env.update({"ADA_HOME": str(home), "PREFECT_HOME": str(home / "prefect"), "PYTHONPATH": str(REPO),
                 "TQDM_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
                 # Nothing leaves the machine even where a run had telemetry on: an unreachable proxy.

@@ -31,7 +31,7 @@ from flows.tracking.budget import VS_MFLOPS, VS_SAMPLES
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--window-size=1400,900"]
 STEPS = 2

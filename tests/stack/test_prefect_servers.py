@@ -98,7 +98,9 @@ print("finished", result["run_id"])
 
 def _flow_process(code: str, home, tiny_model) -> subprocess.Popen:
     """`code` in a fresh interpreter whose environment has none of the telemetry or server settings."""
-    env = {k: v for k, v in os.environ.items() if k not in CLEARED and not k.startswith("PYTEST")}
+    # Nor this process's torch.distributed rendezvous (an in-process DeepSpeed engine exports it).
+    env = {k: v for k, v in os.environ.items()
+           if k not in CLEARED and k not in ("MASTER_ADDR", "MASTER_PORT") and not k.startswith("PYTEST")}
     env.update({"ADA_HOME": str(home), "PREFECT_HOME": str(home / "prefect"), "PYTHONPATH": str(REPO),
                 "TQDM_DISABLE": "1",
                 # Had anything been left on, nothing leaves the machine: an unreachable proxy.
