@@ -125,7 +125,7 @@ def test_flows_start_at_once_on_a_fresh_home_with_telemetry_off(tmp_path, tiny_m
     outputs = [p.communicate(timeout=900)[0] for p in procs]
     for proc, out in zip(procs, outputs):
         assert proc.returncode == 0 and "finished" in out, out[-3000:]
-    assert all(out.strip().endswith("finished false true") for out in outputs[1:]), outputs[1][-500:]
+    assert all("finished false true" in out for out in outputs[1:]), outputs[1][-500:]  # telemetry off by default
     with sqlite3.connect(home / "prefect" / "prefect.db") as db:
         assert db.execute("select count(*) from configuration where key = 'TELEMETRY_SESSION'").fetchone() == (0,)
         assert db.execute("select count(*) from flow_run where state_type = 'COMPLETED'").fetchone() == (4,)
