@@ -7,6 +7,7 @@ No Prefect and no MLflow: it reads run folders through `ada_core.run.files` and
 - `tables`: the final-metrics table (mean ± std over seeds), as markdown and as plain rows.
 - `bands`: each variant's mean over seeds with a ±1 std band (interactive HTML and PNG).
 - `plots`: accuracy and reward against each budget axis, per-step curves, the step-time split.
+- `configs`: every config field that differs between the variants, algorithm fields and `other`.
 - `paired`: paired differences from a reference variant at equal budget, with 95% intervals.
 - `prompt_plot`: the prompt-ledger plot (pass rate per prompt over training).
 - `writer`: `write_report` (every file and report.md) and the command line.
@@ -15,6 +16,7 @@ No Prefect and no MLflow: it reads run folders through `ada_core.run.files` and
 """
 
 from report.bands import BAND_AXES, Band, plot_bands_html, plot_bands_png, variant_bands
+from report.configs import config_differences, differences_markdown
 from report.curves import (
     CUMULATIVE,
     FLOPS_CUM,
@@ -36,8 +38,8 @@ from report.writer import Report, main, write_report
 
 __all__ = [
     "BAND_AXES", "CUMULATIVE", "FLOPS_CUM", "PAIRED_AXES", "STEP_TIME_CUM", "TIME_SPLIT", "X_AXES", "Y_AXES", "Band",
-    "Report", "RunCurves", "count_params", "final_metrics", "load_run", "main", "mean_ci", "mean_std", "merge_rows",
-    "paired_differences", "paired_table", "pass_rate_matrix", "plot_against", "plot_bands_html", "plot_bands_png",
-    "plot_per_step", "plot_prompt_ledger", "plot_time_split", "reference_for", "regime_of", "summary_rows",
-    "summary_table", "value_at", "variant_bands", "write_report",
+    "Report", "RunCurves", "config_differences", "count_params", "differences_markdown", "final_metrics", "load_run",
+    "main", "mean_ci", "mean_std", "merge_rows", "paired_differences", "paired_table", "pass_rate_matrix",
+    "plot_against", "plot_bands_html", "plot_bands_png", "plot_per_step", "plot_prompt_ledger", "plot_time_split",
+    "reference_for", "regime_of", "summary_rows", "summary_table", "value_at", "variant_bands", "write_report",
 ]
