@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 
 from ada_core import metrics as K
 from ada_core.sampling.budget import matched_grpo_prompts
@@ -28,7 +28,7 @@ from ada_core.run.files import read_metrics
 from flows import fanout, tracking
 from flows.group import child_params, finish_group, group_folder, group_tags, log_group_params, run_children
 from flows.params import CompareParams, TrainParams
-from flows.runtime import set_torch_threads
+from flows.runtime import flow, set_torch_threads
 from flows.train import prepare_data
 
 MATCHED_LABEL = "grpo-matched"
@@ -86,7 +86,7 @@ def compare(params: CompareParams = CompareParams()) -> dict[str, Any]:
     description = (f"compare: {', '.join(params.variants)} over seeds {params.seeds}"
                    f"{' plus a matched-budget GRPO control' if params.matched_grpo else ''}, {params.steps} steps "
                    "each; the children are the nested runs, the report is under `report/`.")
-    with tracking.tracked_run(uri, params.experiment, group, tags=group_tags("compare"),
+    with tracking.tracked_run(uri, params.experiment, group, tags=group_tags("compare", group),
                               run_id=parent_run, description=description) as (client, parent_id):
         logger.info("compare %s: MLflow parent run %s at %s", group, parent_id, uri)
         log_group_params(client, parent_id, params, variants=params.variants, seeds=params.seeds,

@@ -10,13 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 
 from ada_core.data.curation import load_curated
 from ada_core.data.prompts import pin_hub_ids
 from flows import tracking
 from flows.params import CurateParams
-from flows.runtime import run_stamp, set_torch_threads
+from flows.runtime import flow, run_stamp, set_torch_threads
 from tasks.curation import curate_for
 
 

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 from prefect.utilities.annotations import quote
 
 from ada_core.config import ConfigError, TrainConfig, deep_merge, validate_config
@@ -33,7 +33,7 @@ from ada_core.run.files import CHECKPOINTS, CONFIG, read_generations, read_run_i
 from ada_core.training import setup
 from flows import tracking
 from flows.params import EvaluateParams
-from flows.runtime import run_stamp, set_torch_threads
+from flows.runtime import flow, run_stamp, set_torch_threads
 from tasks.training import evaluate as evaluate_task
 
 

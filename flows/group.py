@@ -35,7 +35,18 @@ from flows.params import GroupSettings, RunSettings, TrainParams, flatten_dotted
 from flows.runtime import run_stamp
 from flows.tracking import links
 from flows.train import resume_config, train
-from report import load_run, write_report
+from report import load_run, summary_rows, write_report
+
+FINAL_METRICS_TABLE = "report/final_metrics.json"  # the parent run's MLflow table artifact
+STUDY_SEPARATOR = " @ "  # child run names: `<variant>-s<seed> @ <group>`
+
+
+def child_run_name(group: str, label: str, seed: int) -> str:
+    """`grpo-s0 @ compare-20261130-142501-3fa2`: the child's MLflow run name and Prefect flow run name.
+
+    What tells children apart comes first: MLflow's runs list cuts names at about 14 characters, and
+    every child of one group shares the group's name (its MLflow parent, its `ada.study` tag)."""
+    return f"{label}-s{seed}{STUDY_SEPARATOR}{group}"
 
 
 def child_params(settings: RunSettings, preset: str, seed: int, label: str, tracking_uri: str, parent_run_id: str,
@@ -49,7 +60,7 @@ def child_params(settings: RunSettings, preset: str, seed: int, label: str, trac
     if prompts_per_step is not None:
         shared["prompts_per_step"] = prompts_per_step
     return TrainParams(
-        **shared, preset=preset, seed=seed, variant=label, run_name=f"{group_dir.name}/{label}-s{seed}",
+        **shared, preset=preset, seed=seed, variant=label, run_name=child_run_name(group_dir.name, label, seed),
         parent_run_id=parent_run_id, output_dir=str(group_dir / f"{label}-s{seed}"),
     )
 
@@ -115,11 +126,13 @@ def plan_child(params: TrainParams) -> tuple[TrainParams, dict[str, Any] | None]
     return params, None
 
 
-def group_tags(kind: str) -> dict[str, str]:
-    """The parent run's tags: its flow, and the process and Prefect flow run that own it (flows/tracking/runs.py)."""
+def group_tags(kind: str, group: str) -> dict[str, str]:
+    """The parent run's tags: its flow, its study (`ada.study`, which every child gets too), and the
+    process and Prefect flow run that own it (flows/tracking/runs.py)."""
     from prefect.runtime import flow_run
 
-    return {"ada.flow": kind, tracking.FLOW_RUN: str(flow_run.get_id() or ""), **tracking.process_tags()}
+    return {"ada.flow": kind, tracking.STUDY: group, tracking.FLOW_RUN: str(flow_run.get_id() or ""),
+            **tracking.process_tags()}
 
 
 def group_folder(settings: RunSettings, kind: str, uri: str) -> tuple[Path, str | None]:
@@ -179,6 +192,8 @@ def finish_group(
         report_md = report.directory / "report.md"
         report_md.write_text(f"{report_md.read_text().rstrip()}\n\n{failed}")
     client.log_artifacts(parent_run_id, str(report.directory), artifact_path="report")
+    rows = summary_rows(runs)  # the same table, sortable in MLflow (the run's Artifacts tab)
+    client.log_table(parent_run_id, {col: [row[col] for row in rows] for col in rows[0]}, FINAL_METRICS_TABLE)
 
     best = best_result(results)
     registered = None

@@ -131,7 +131,7 @@ class RunSettings(_Params):
     steps: int | None = Field(None, ge=1, description="Training steps; empty = the profile's.")
     prompts_per_step: int | None = Field(None, ge=1, description="Prompts per step (B); empty = the profile's.")
     overrides: dict[str, Any] = Field(
-        default_factory=dict,
+        {},
         description="Any config field by dotted name, e.g. {\"sampler.M\": 8, \"optim.lr\": 1e-4, \"sft_steps\": 50}. "
         "Fields this form has (seed, preset, steps, ...) are set there, not here.",
         json_schema_extra=overrides_schema(RUN_OWN_FIELDS),
@@ -194,26 +194,26 @@ class TrainParams(RunSettings):
     variant: str | None = Field(
         None, description="Variant name for params, reports and registry tags (e.g. grpo-matched); empty = preset."
     )
-    run_name: str | None = Field(None, description="MLflow run name; empty = 'train-<variant>-s<seed>-<time stamp>'.")
+    run_name: str | None = Field(None, description="MLflow run name; empty = `train-<variant>-s<seed>-<time stamp>` (the flow run gets the same name).")
     parent_run_id: str | None = Field(None, description="Log as a child of this MLflow run (set by compare and sweep).")
     register_as: str | None = Field(
         None, description="Register the final checkpoint in the Model Registry under this name."
     )
     alias: str = Field("candidate", min_length=1, description="Alias for the registered version ('latest' is reserved).")
     output_dir: str | None = Field(
-        None, description="Run directory; empty = $ADA_HOME/runs/<run name>. A folder that already holds a "
+        None, description="Run directory; empty = `$ADA_HOME/runs/<run name>`. A folder that already holds a "
                           "run is refused unless overwrite is set."
     )
     overwrite: bool = Field(
         False, description="Start afresh in an output_dir that holds a run, moving the old run aside to "
-                           "<dir>.replaced-<time> (it is never deleted)."
+                           "`<dir>.replaced-<time>` (it is never deleted)."
     )
     resume: str | None = Field(
         None, description="Continue a crashed or stopped run: its run folder or MLflow run id. Same folder, same "
         "MLflow run, from its newest good checkpoint (output_dir is ignored). Give the run's other values unchanged.",
     )
     concurrency_limits: list[LimitName] = Field(
-        default_factory=list,
+        [],
         description="Prefect global concurrency limits this run holds one slot of from before its MLflow run "
         "starts until it ends (set by compare and sweep with children='deployments'); each must exist.",
     )
@@ -268,16 +268,16 @@ class CompareParams(GroupSettings):
     """GRPO against Ada variants over seeds, plus an optional matched-budget GRPO control."""
 
     variants: list[Preset] = Field(
-        default_factory=lambda: ["grpo", "ada-pos", "ada-balance"], min_length=1, description="Presets to compare."
+        ["grpo", "ada-pos", "ada-balance"], min_length=1, description="Presets to compare."
     )
     matched_grpo: bool = Field(
         True,
         description="Add GRPO with prompts_per_step sized to generate as many samples per step as Ada-balance "
         "(needs ada-balance in variants).",
     )
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="Training seeds.")
+    seeds: list[int] = Field([0], min_length=1, description="Training seeds.")
     regimes: list[Literal["default", "pool", "fresh"]] = Field(
-        default_factory=lambda: ["default"], min_length=1,
+        ["default"], min_length=1,
         description="Data regimes, each run for every variant and seed: `default` = the data as configured; "
         "`pool` = a fixed pool of `pool_prompts` training prompts reused over epochs (the paper's regime); "
         "`fresh` = every training prompt (steps x prompts_per_step must fit, so none repeats). Labels get the "
@@ -309,11 +309,11 @@ class SweepParams(GroupSettings):
     OWN_FIELDS: ClassVar[dict[str, str]] = {**GroupSettings.OWN_FIELDS, "sampler.N": "N", "sampler.M": "M",
                                             "sampler.n": "n"}
 
-    variants: list[Preset] = Field(default_factory=lambda: ["ada-balance"], min_length=1, description="Presets.")
-    N: list[int] = Field(default_factory=lambda: [2, 4], min_length=1, description="ada: max rounds.")
-    M: list[int] = Field(default_factory=lambda: [4, 8], min_length=1, description="ada: samples per round.")
-    n: list[int] = Field(default_factory=lambda: [4], min_length=1, description="Final group size.")
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="Training seeds.")
+    variants: list[Preset] = Field(["ada-balance"], min_length=1, description="Presets.")
+    N: list[int] = Field([2, 4], min_length=1, description="ada: max rounds.")
+    M: list[int] = Field([4, 8], min_length=1, description="ada: samples per round.")
+    n: list[int] = Field([4], min_length=1, description="Final group size.")
+    seeds: list[int] = Field([0], min_length=1, description="Training seeds.")
     register_as: str = Field("ada-policy", min_length=1, description="Registered model name for the best policy.")
     alias: str = Field("champion", min_length=1, description="Alias pointed at the best policy's version.")
     resume: str | None = Field(
@@ -345,8 +345,8 @@ class EvaluateParams(_Params):
 
     model: str = Field(
         "models:/ada-policy@champion",
-        description="models:/<name>@<alias>, models:/<name>/<version>, runs:/<id>/<path>, a checkpoint folder "
-        "(step_N with hf/ inside), an HF model folder, or a hub id org/name[@revision].",
+        description="`models:/<name>@<alias>`, `models:/<name>/<version>`, `runs:/<id>/<path>`, a checkpoint folder "
+        "(step_N with hf/ inside), an HF model folder, or a hub id `org/name[@revision]`.",
     )
     k: int | None = Field(None, ge=1, description="Samples per prompt; empty = the suite's (32 for paper), else the profile's.")
     suite: Literal["paper"] | None = Field(
@@ -395,7 +395,7 @@ class CurateParams(_Params):
     profile: Profile = Field("tiny", description="Scale profile: model, dataset and curation defaults.")
     engine: Engine = Field("transformers", description="Rollout engine.")
     overrides: dict[str, Any] = Field(
-        default_factory=dict,
+        {},
         description="Config fields by dotted name, e.g. {\"data.curation_k\": 16, \"data.pass_rate_ceiling\": 0.3125}.",
         json_schema_extra=overrides_schema({"preset": "", "profile": "", "seed": "", "rollout.engine": ""}),
     )

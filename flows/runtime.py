@@ -6,6 +6,8 @@ import logging
 import os
 import time
 import uuid
+from pathlib import Path
+from typing import Any
 
 
 def torch_threads() -> int:
@@ -46,3 +48,75 @@ def quiet_task_run_logs() -> None:
     """
     level = os.environ.get("ADA_TASK_RUN_LOG_LEVEL", "WARNING").upper()
     logging.getLogger("prefect.task_runs").setLevel(level)
+
+
+# ---------------------------------------------------------------------------------------------
+# Prefect's temporary server: its database migrated once, before any server starts
+
+def local_prefect_database() -> Path | None:
+    """The SQLite file a temporary Prefect server of this process would use; None when none would start
+    (PREFECT_API_URL names a server, ephemeral mode is off, or the database is not SQLite)."""
+    from prefect.settings import get_current_settings
+
+    settings = get_current_settings()
+    if settings.api.url or not settings.server.ephemeral.enabled:
+        return None
+    url = str(settings.server.database.connection_url.get_secret_value()
+              if hasattr(settings.server.database.connection_url, "get_secret_value")
+              else settings.server.database.connection_url)
+    if not url.startswith("sqlite"):
+        return None
+    path = url.split(":///", 1)[1] if ":///" in url else ""
+    return Path(path) if path and path != ":memory:" else None
+
+
+MIGRATE = ("import asyncio; from prefect.server.database import provide_database_interface as db; "
+           "asyncio.run(db().create_db())")
+
+
+def prepare_local_prefect(timeout_s: float = 900) -> None:
+    """Migrate the temporary server's database once, under a file lock, before a flow starts the server.
+
+    Every process that runs a flow with no PREFECT_API_URL starts a temporary server of its own, which
+    migrates the database on start. On a new database, servers started together run the migrations
+    at the same time: one wins, the others fail ("table variable already exists"), exit, restart and
+    wait, and time out ("Timed out while attempting to connect to ephemeral Prefect API server": 2 of
+    4 flows started together on a fresh home here, with a 300 s bound). Done once here, in one
+    process at a time, each server finds the schema current. A marker beside the database
+    (`<db>.migrated-<prefect version>`) makes later calls a file check.
+    """
+    import fcntl
+    import subprocess
+    import sys
+
+    import prefect
+
+    database = local_prefect_database()
+    if database is None:
+        return
+    marker = database.with_name(f"{database.name}.migrated-{prefect.__version__}")
+    if marker.exists() and database.exists():
+        return
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with open(database.with_name(f"{database.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the others wait here, then find the marker
+        if marker.exists() and database.exists():
+            return
+        subprocess.run([sys.executable, "-c", MIGRATE], check=True, timeout=timeout_s, capture_output=True)
+        marker.touch()
+
+
+def flow(**options: Any):
+    """`prefect.flow` for the platform's flows: called at the top level with no Prefect server named,
+    a flow first migrates the temporary server's database (`prepare_local_prefect`)."""
+    from prefect import Flow
+
+    class LocalFirstFlow(Flow):
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            prepare_local_prefect()
+            return super().__call__(*args, **kwargs)
+
+    def decorate(fn):
+        return LocalFirstFlow(fn, **options)
+
+    return decorate

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 
 from flows import tracking
 from flows.group import child_params, finish_group, group_folder, group_tags, log_group_params, run_children
 from flows.params import SweepParams
-from flows.runtime import set_torch_threads
+from flows.runtime import flow, set_torch_threads
 from flows.train import prepare_data
 
 
@@ -33,7 +33,7 @@ def sweep(params: SweepParams = SweepParams()) -> dict[str, Any]:
 
     description = (f"sweep: {len(grid)} points x {len(params.seeds)} seeds over N={params.N}, M={params.M}, "
                    f"n={params.n}; the children are the nested runs, the report is under `report/`.")
-    with tracking.tracked_run(uri, params.experiment, group, tags=group_tags("sweep"),
+    with tracking.tracked_run(uri, params.experiment, group, tags=group_tags("sweep", group),
                               run_id=parent_run, description=description) as (client, parent_id):
         logger.info("sweep %s: %d points x %d seeds; MLflow parent run %s", group, len(grid), len(params.seeds),
                     parent_id)

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 from prefect.client.schemas.objects import ConcurrencyLeaseHolder
 from prefect.concurrency.sync import concurrency
 from prefect.runtime import flow_run
@@ -43,8 +43,9 @@ from flows import resume as resuming
 from flows import tracking
 from flows.params import TrainParams, flatten_dotted, nest_dotted
 from flows.progress import TrainProgress, chain
-from flows.runtime import quiet_task_run_logs, run_stamp, set_torch_threads
+from flows.runtime import flow, quiet_task_run_logs, run_stamp, set_torch_threads
 from tasks.curation import curate_for, training_config
+from tasks.progress import ProgressArtifact
 from tasks.training import TASK_STEPS
 
 
@@ -211,6 +212,9 @@ def train_run(params: TrainParams) -> dict[str, Any]:
     with tracking.tracked_run(uri, params.experiment, label, params.parent_run_id, tags, run_id=run_id,
                               description=describe(params, run_config, variant)) as (client, run_id):
         logger.info("MLflow run %s (%s) -> %s; run dir %s", label, run_id, uri, out)
+        name_flow_run(client.get_run(run_id).info.run_name)  # a resumed run keeps its first name
+        if params.parent_run_id:
+            client.set_tag(run_id, tracking.STUDY, tracking.study_of(client, params.parent_run_id))
         if target is None or target.run_id is None:
             extra = {k: v for k, v in provenance.items() if k != "dataset_hash"}
             tracking.log_params(client, run_id, tracking.run_params(
@@ -294,10 +298,26 @@ def suite_table(config: TrainConfig, model: str):
     return lambda metrics: accuracy_table(suite, metrics, model, config.eval_k, tokens, config.eval_temperature)
 
 
+def name_flow_run(name: str) -> None:
+    """Give this flow run its MLflow run's name, so the two UIs list a run under one name (a standalone
+    run otherwise keeps Prefect's random one). A child of compare/sweep already has it."""
+    flow_run_id = flow_run.get_id()
+    if not flow_run_id or flow_run.get_name() == name:
+        return
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        client.update_flow_run(flow_run_id, name=name)
+
+
 def _setup(run_config: TrainConfig, out: Path, target, client, run_id: str, logger, overwrite: bool = False):
-    """`setup`, resuming from the newest good checkpoint of `target`'s folder when it has one."""
+    """`setup`, resuming from the newest good checkpoint of `target`'s folder when it has one.
+
+    An SFT warm start done here (curation off: with curation on, the curation task did it and
+    showed its own bar) gets the same progress artifact, so the minutes before step 1 are not blank."""
+    sft = ProgressArtifact(f"warm start (SFT) of {run_config.model}").callback() if run_config.sft_steps else None
     if target is None:
-        return setup(run_config, out, overwrite=overwrite)
+        return setup(run_config, out, overwrite=overwrite, sft_progress=sft)
     try:
         state = setup(run_config, out, resume=out)
     except NoCheckpoint as err:
@@ -305,7 +325,7 @@ def _setup(run_config: TrainConfig, out: Path, target, client, run_id: str, logg
             raise  # every saved checkpoint is damaged: that needs a person, not a silent restart
         logger.warning("%s; starting %s over from step 0", err, out)
         _fresh_start(out)
-        return setup(run_config, out)
+        return setup(run_config, out, sft_progress=sft)
     choice = state.resumed_from
     if choice is not None and choice.rejected:
         logger.warning("%s", choice.describe())

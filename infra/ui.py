@@ -21,11 +21,21 @@ with $ADA_WORKER_GPUS="0,1,..." one per listed GPU, each with that CUDA_VISIBLE_
 One more worker on the `groups` queue runs compare and sweep parents, which mostly wait for their
 children, so a parent never takes the slot its children need. The global concurrency limit
 $ADA_CONCURRENCY_LIMIT (`ada-train`) gets $ADA_TRAIN_SLOTS slots (default: the number of workers).
+
+The weekly sweep's schedule ships paused (prefect.yaml); `start` prints the one command that resumes it.
+
+A team setup (infra/TEAM.md): ADA_UI_HOST binds both servers to another address than 127.0.0.1, which
+`start` refuses without credentials: ADA_UI_USER and ADA_UI_PASSWORD (or ADA_UI_PASSWORD_FILE, a file
+holding the password). With them (on any address) the Prefect API requires them
+(PREFECT_SERVER_API_AUTH_STRING) and MLflow runs its basic-auth app with that user as its admin;
+the workers and `status` get them as PREFECT_API_AUTH_STRING and MLFLOW_TRACKING_USERNAME/PASSWORD in
+their environment. The password is never written to servers.json, a command line or a log.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import signal
@@ -42,6 +52,58 @@ WORK_POOL = "ada-process"
 TRAIN_QUEUE = "default"  # train, evaluate, curate: one run per worker
 GROUP_QUEUE = "groups"  # compare, sweep: parents that wait for their children
 BIN = Path(sys.executable).parent  # the venv's prefect and mlflow scripts sit next to its python
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+SWEEP = "sweep/sweep"
+
+
+class Credentials:
+    """The team's user and password for both servers; `repr` never shows the password."""
+
+    def __init__(self, user: str, password: str):
+        if not user or ":" in user:
+            raise SystemExit("ADA_UI_USER must be a non-empty name without ':'")
+        if len(password) < 8:
+            raise SystemExit("ADA_UI_PASSWORD must have at least 8 characters")
+        self.user, self.password = user, password
+
+    def __repr__(self) -> str:
+        return f"Credentials(user={self.user!r}, password=***)"
+
+    @property
+    def header(self) -> str:
+        """`Basic <base64 user:password>`: what both servers accept (Prefect compares it to its auth string)."""
+        return "Basic " + base64.b64encode(f"{self.user}:{self.password}".encode()).decode()
+
+    def client_env(self) -> dict[str, str]:
+        """What a Prefect or MLflow client needs in its environment to be let in."""
+        return {"PREFECT_API_AUTH_STRING": f"{self.user}:{self.password}",
+                "MLFLOW_TRACKING_USERNAME": self.user, "MLFLOW_TRACKING_PASSWORD": self.password}
+
+
+def ui_host() -> str:
+    """The address both servers bind to and are reached at: $ADA_UI_HOST, default 127.0.0.1."""
+    return os.environ.get("ADA_UI_HOST") or "127.0.0.1"
+
+
+def credentials() -> Credentials | None:
+    """$ADA_UI_USER with $ADA_UI_PASSWORD or $ADA_UI_PASSWORD_FILE; None when no user is set."""
+    user = os.environ.get("ADA_UI_USER")
+    password = os.environ.get("ADA_UI_PASSWORD")
+    if os.environ.get("ADA_UI_PASSWORD_FILE"):
+        password = Path(os.environ["ADA_UI_PASSWORD_FILE"]).read_text().strip()
+    if not user and not password:
+        return None
+    if not user or not password:
+        raise SystemExit("set both ADA_UI_USER and ADA_UI_PASSWORD (or ADA_UI_PASSWORD_FILE), or neither")
+    return Credentials(user, password)
+
+
+def check_exposure(host: str, creds: Credentials | None) -> None:
+    """Servers reachable beyond this machine need credentials: refuse to start them without."""
+    if host not in LOOPBACK and creds is None:
+        raise SystemExit(f"ADA_UI_HOST={host} would expose the Prefect and MLflow servers beyond this machine "
+                         "without credentials: set ADA_UI_USER and ADA_UI_PASSWORD (or ADA_UI_PASSWORD_FILE); "
+                         "see infra/TEAM.md")
 
 
 def ada_home() -> Path:
@@ -64,15 +126,23 @@ def quiet_env(home: Path) -> dict[str, str]:
     return env
 
 
-def port_is_free(port: int) -> bool:
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        return sock.connect_ex(("127.0.0.1", port)) != 0
+        return sock.connect_ex((host, port)) != 0
 
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _open(url: str, creds: Credentials | None = None, timeout_s: float = 3.0):
+    """urlopen with the team's Authorization header when there are credentials."""
+    request = urllib.request.Request(url)
+    if creds is not None:
+        request.add_header("Authorization", creds.header)
+    return urllib.request.urlopen(request, timeout=timeout_s)
 
 
 def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
@@ -110,43 +180,98 @@ def spawn(args: list[str], env: dict[str, str], log: Path, cwd: Path = REPO) -> 
     return proc
 
 
-def prefect_server_env(home: Path, port: int) -> dict[str, str]:
-    """The server's environment: its UI calls the API on this port, whatever the user's shell exports."""
+def prefect_server_env(home: Path, port: int, host: str = "127.0.0.1",
+                       creds: Credentials | None = None) -> dict[str, str]:
+    """The server's environment: its UI calls the API on this port, whatever the user's shell exports;
+    with credentials, the API refuses requests without them (the UI asks for them once)."""
     env = quiet_env(home)
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{host}:{port}"
     env.update({
-        "PREFECT_SERVER_API_HOST": "127.0.0.1",
+        "PREFECT_SERVER_API_HOST": host,
         "PREFECT_SERVER_API_PORT": str(port),
         "PREFECT_UI_API_URL": f"{url}/api",
         "PREFECT_API_URL": f"{url}/api",
     })
+    if creds is not None:
+        env["PREFECT_SERVER_API_AUTH_STRING"] = f"{creds.user}:{creds.password}"
+        env.update(creds.client_env())
     return env
 
 
-def start_prefect_server(home: Path, port: int, log_dir: Path) -> tuple[subprocess.Popen, str]:
-    env = prefect_server_env(home, port)
-    proc = spawn([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port),
+def start_prefect_server(home: Path, port: int, log_dir: Path, host: str = "127.0.0.1",
+                         creds: Credentials | None = None) -> tuple[subprocess.Popen, str]:
+    env = prefect_server_env(home, port, host, creds)
+    proc = spawn([str(BIN / "prefect"), "server", "start", "--host", host, "--port", str(port),
                   "--analytics-off"], env, log_dir / "prefect-server.log")
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{host}:{port}"
     wait_http(f"{url}/api/health", 120, proc, log_dir / "prefect-server.log")
-    ui_api = (_get_json(f"{url}/ui-settings") or {}).get("api_url")
+    ui_api = (_get_json(f"{url}/ui-settings", creds=creds) or {}).get("api_url")
     if ui_api != f"{url}/api":
         raise RuntimeError(f"the Prefect UI at {url} would call the API at {ui_api}, not {url}/api")
     return proc, url
 
 
-def start_mlflow_server(home: Path, port: int, log_dir: Path) -> tuple[subprocess.Popen, str]:
+def mlflow_store(home: Path) -> str:
+    """The MLflow server's backend store: $ADA_MLFLOW_STORE (e.g. a team's PostgreSQL) or $ADA_HOME/mlflow.db."""
+    return os.environ.get("ADA_MLFLOW_STORE") or f"sqlite:///{home / 'mlflow.db'}"
+
+
+def masked(uri: str) -> str:
+    """`postgresql://ada:secret@db/mlflow` -> `postgresql://ada:***@db/mlflow`: a URI fit to print."""
+    import re
+
+    return re.sub(r"(//[^/:@]+):[^/]*@", r"\1:***@", uri)
+
+
+def flask_secret_key(home: Path) -> str:
+    """The basic-auth app's CSRF signing key: made once per $ADA_HOME (`ui/mlflow-secret-key`, mode 600)
+    and kept, so a restart does not void the forms of open browser tabs."""
+    import secrets
+
+    path = home / "ui" / "mlflow-secret-key"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.is_file():
+        path.touch(mode=0o600)
+        path.write_text(secrets.token_urlsafe(32))
+    return path.read_text().strip()
+
+
+def mlflow_auth_config(home: Path, creds: Credentials) -> Path:
+    """The basic-auth app's ini: its user store under $ADA_HOME, `creds.user` as the admin. The
+    password is not in it: the app reads MLFLOW_AUTH_ADMIN_PASSWORD when it creates the admin (first
+    start only; afterwards the stored password counts, infra/TEAM.md says how to change it)."""
+    path = home / "ui" / "mlflow-auth.ini"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("[mlflow]\n"
+                    "default_permission = READ\n"
+                    f"database_uri = sqlite:///{home / 'mlflow-auth.db'}\n"
+                    f"admin_username = {creds.user}\n"
+                    "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+    return path
+
+
+def start_mlflow_server(home: Path, port: int, log_dir: Path, host: str = "127.0.0.1",
+                        creds: Credentials | None = None) -> tuple[subprocess.Popen, str]:
     env = quiet_env(home)
     # MLflow 3's server otherwise forks a job runner and seven huey consumers (GenAI jobs we never
     # submit): eight more processes on a 2-core machine, and they outlive a SIGTERM by 20 s.
     env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
     (home / "mlartifacts").mkdir(exist_ok=True)
+    auth: list[str] = []
+    if creds is not None:
+        env["MLFLOW_AUTH_CONFIG_PATH"] = str(mlflow_auth_config(home, creds))
+        env["MLFLOW_AUTH_ADMIN_PASSWORD"] = creds.password
+        env.setdefault("MLFLOW_FLASK_SERVER_SECRET_KEY", flask_secret_key(home))  # the app's CSRF protection
+        auth = ["--app-name", "basic-auth"]
+    if host not in LOOPBACK:  # MLflow's host-header check otherwise refuses requests by that address
+        env.setdefault("MLFLOW_SERVER_ALLOWED_HOSTS", f"{host},{host}:{port},localhost,127.0.0.1")
+    # The store from the environment, not the command line, where `ps` would show a password in it.
+    env["MLFLOW_BACKEND_STORE_URI"] = mlflow_store(home)
     proc = spawn([
-        str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-        "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}",
+        str(BIN / "mlflow"), "server", "--host", host, "--port", str(port), "--workers", "1", *auth,
         "--artifacts-destination", str(home / "mlartifacts"),
     ], env, log_dir / "mlflow-server.log")
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{host}:{port}"
     wait_http(f"{url}/health", 120, proc, log_dir / "mlflow-server.log")
     return proc, url
 
@@ -160,16 +285,20 @@ def prefect_cli(args: list[str], env: dict[str, str], timeout_s: float = 300) ->
     return result.stdout
 
 
-def api_env(home: Path, prefect_url: str) -> dict[str, str]:
+def api_env(home: Path, prefect_url: str, creds: Credentials | None = None) -> dict[str, str]:
+    """A client's environment (the prefect CLI, workers and their flow runs): the API URL and, for a
+    team setup, the credentials for both servers."""
     env = quiet_env(home)
     env["PREFECT_API_URL"] = f"{prefect_url}/api"
     env["PWD"] = str(REPO)  # prefect.yaml's pull step: set_working_directory {{ $PWD }}
+    if creds is not None:
+        env.update(creds.client_env())
     return env
 
 
-def deploy(home: Path, prefect_url: str, names: list[str] | None = None) -> None:
+def deploy(home: Path, prefect_url: str, names: list[str] | None = None, creds: Credentials | None = None) -> None:
     """Create the process work pool and register prefect.yaml's deployments (all, or `names`)."""
-    env = api_env(home, prefect_url)
+    env = api_env(home, prefect_url, creds)
     prefect_cli(["work-pool", "create", WORK_POOL, "--type", "process", "--overwrite"], env)
     targets = ["--all"] if not names else [arg for name in names for arg in ("--name", name)]
     prefect_cli(["deploy", *targets], env)
@@ -188,9 +317,9 @@ def worker_count() -> int:
 
 
 def start_worker(home: Path, prefect_url: str, log_dir: Path, queue: str = TRAIN_QUEUE, name: str = "ada-worker-0",
-                 limit: int | None = 1, gpu: str | None = None) -> subprocess.Popen:
+                 limit: int | None = 1, gpu: str | None = None, creds: Credentials | None = None) -> subprocess.Popen:
     """One process worker on `queue` of the pool; `limit` flow runs at a time; `gpu` its CUDA_VISIBLE_DEVICES."""
-    env = api_env(home, prefect_url)
+    env = api_env(home, prefect_url, creds)
     # Prefect's default 10 s poll adds up to 10 s before each child starts (and again before a
     # matched control); 2 s costs the server one cheap query per worker every 2 s.
     env.setdefault("PREFECT_WORKER_QUERY_SECONDS", "2")
@@ -203,28 +332,29 @@ def start_worker(home: Path, prefect_url: str, log_dir: Path, queue: str = TRAIN
     return spawn(args, env, log_dir / f"{name}.log")
 
 
-def start_workers(home: Path, prefect_url: str, log_dir: Path, count: int) -> list[int]:
+def start_workers(home: Path, prefect_url: str, log_dir: Path, count: int, creds: Credentials | None = None) -> list[int]:
     """`count` training workers with `--limit 1` (one per GPU of $ADA_WORKER_GPUS) and the group worker."""
     gpus = worker_gpus()
     pids = [start_worker(home, prefect_url, log_dir, TRAIN_QUEUE, f"ada-worker-{i}", 1,
-                         gpus[i % len(gpus)] if gpus else None).pid for i in range(count)]
-    pids.append(start_worker(home, prefect_url, log_dir, GROUP_QUEUE, "ada-groups", None).pid)
+                         gpus[i % len(gpus)] if gpus else None, creds).pid for i in range(count)]
+    pids.append(start_worker(home, prefect_url, log_dir, GROUP_QUEUE, "ada-groups", None, creds=creds).pid)
     return pids
 
 
-def ensure_concurrency_limit(home: Path, prefect_url: str, name: str, slots: int) -> None:
+def ensure_concurrency_limit(home: Path, prefect_url: str, name: str, slots: int,
+                             creds: Credentials | None = None) -> None:
     """The global concurrency limit `name` with `slots` slots, created or resized."""
-    env = api_env(home, prefect_url)
+    env = api_env(home, prefect_url, creds)
     try:
         prefect_cli(["gcl", "create", name, "--limit", str(slots)], env)
     except RuntimeError:  # it exists (a server restarted on its old database): set its size
         prefect_cli(["gcl", "update", name, "--limit", str(slots)], env)
 
 
-def reap_dead_runs(home: Path, prefect_url: str, mlflow_url: str) -> None:
+def reap_dead_runs(home: Path, prefect_url: str, mlflow_url: str, creds: Credentials | None = None) -> None:
     """Runs whose process died while nothing watched (SIGKILL, OOM) stay RUNNING in MLflow and Prefect:
     mark them KILLED / Crashed (flows/resume.py). A failure here is reported, not fatal."""
-    env = api_env(home, prefect_url)
+    env = api_env(home, prefect_url, creds)
     env["MLFLOW_TRACKING_URI"] = mlflow_url
     try:
         result = subprocess.run([sys.executable, "-m", "flows.resume", "reap"], env=env, cwd=REPO,
@@ -256,9 +386,28 @@ def stop_pid(pid: int, timeout_s: float = 20) -> None:
         own.wait(timeout=10)
 
 
-def _get_json(url: str, timeout_s: float = 3.0) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+def _get_json(url: str, timeout_s: float = 3.0, creds: Credentials | None = None) -> Any:
+    with _open(url, creds, timeout_s) as response:
         return json.loads(response.read().decode() or "null")
+
+
+def sweep_schedule(prefect_url: str, creds: Credentials | None = None) -> dict[str, Any] | None:
+    """The sweep deployment's first schedule (id, active, cron) as the API has it; None without one."""
+    deployment = _get_json(f"{prefect_url}/api/deployments/name/{SWEEP}", creds=creds) or {}
+    schedules = deployment.get("schedules") or []
+    if not schedules:
+        return None
+    first = schedules[0]
+    return {"id": first["id"], "active": first["active"], "cron": (first.get("schedule") or {}).get("cron")}
+
+
+def resume_sweep_command(state: dict) -> str | None:
+    """The one command that starts the weekly sweep's (paused) schedule of a `make ui` state."""
+    schedule = state.get("sweep_schedule")
+    if not schedule:
+        return None
+    return (f"PREFECT_API_URL={state['prefect_url']}/api {BIN / 'prefect'} deployment schedule resume "
+            f"{SWEEP} {schedule['id']}")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -271,8 +420,11 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def check(state: dict) -> list[tuple[str, bool, str]]:
-    """(what, ok, detail) for each server and the worker of a `servers.json` state."""
+def check(state: dict, creds: Credentials | None = None) -> list[tuple[str, bool, str]]:
+    """(what, ok, detail) for each server and the worker of a `servers.json` state; `creds` for a team
+    setup (the default: those of the environment, when `state` says the servers want them)."""
+    if creds is None and state.get("auth"):
+        creds = credentials()
     results: list[tuple[str, bool, str]] = []
     prefect_url, mlflow_url = state.get("prefect_url"), state.get("mlflow_url")
     if prefect_url:
@@ -283,7 +435,7 @@ def check(state: dict) -> list[tuple[str, bool, str]]:
             results.append(("Prefect API", False, f"{prefect_url}/api/health does not answer ({err}); see "
                                                   "ui/prefect-server.log, restart with make ui"))
         try:
-            ui_api = (_get_json(f"{prefect_url}/ui-settings") or {}).get("api_url")
+            ui_api = (_get_json(f"{prefect_url}/ui-settings", creds=creds) or {}).get("api_url")
             expected = f"{prefect_url}/api"
             if ui_api == expected:
                 results.append(("Prefect UI", True, f"{prefect_url} calls the API at {ui_api}"))
@@ -296,7 +448,7 @@ def check(state: dict) -> list[tuple[str, bool, str]]:
         results.append(("Prefect API", False, "servers.json names no Prefect server"))
     if mlflow_url:
         try:
-            with urllib.request.urlopen(f"{mlflow_url}/health", timeout=3) as response:
+            with _open(f"{mlflow_url}/health", creds) as response:
                 ok = response.status == 200
             results.append(("MLflow", ok, f"{mlflow_url}/health answers" if ok else f"{mlflow_url}/health: {response.status}"))
         except OSError as err:
@@ -332,30 +484,33 @@ def start(home: Path) -> dict:
     state_path = state_file(home)
     if state_path.exists():
         stop(home)  # a stale state file from a crashed session: clear what it names first
+    host, creds = ui_host(), credentials()
+    check_exposure(host, creds)  # before anything starts
     log_dir = home / "ui"
     prefect_port = int(os.environ.get("ADA_PREFECT_PORT", 4200))
     mlflow_port = int(os.environ.get("ADA_MLFLOW_PORT", 5000))
     for name, port in (("ADA_PREFECT_PORT", prefect_port), ("ADA_MLFLOW_PORT", mlflow_port)):
-        if not port_is_free(port):
-            raise SystemExit(f"port {port} on 127.0.0.1 is taken; set {name} to a free port")
-    state: dict = {"pids": {}}
+        if not port_is_free(port, "127.0.0.1" if host in ("0.0.0.0", "::") else host):
+            raise SystemExit(f"port {port} on {host} is taken; set {name} to a free port")
+    state: dict = {"pids": {}, "auth": creds is not None, "host": host}  # never the password
     try:
-        prefect_proc, prefect_url = start_prefect_server(home, prefect_port, log_dir)
+        prefect_proc, prefect_url = start_prefect_server(home, prefect_port, log_dir, host, creds)
         state.update(prefect_url=prefect_url)
         state["pids"]["prefect_server"] = prefect_proc.pid
         _write_state(state_path, state)
-        mlflow_proc, mlflow_url = start_mlflow_server(home, mlflow_port, log_dir)
+        mlflow_proc, mlflow_url = start_mlflow_server(home, mlflow_port, log_dir, host, creds)
         state.update(mlflow_url=mlflow_url)
         state["pids"]["mlflow_server"] = mlflow_proc.pid
         _write_state(state_path, state)
-        deploy(home, prefect_url)
+        deploy(home, prefect_url, creds=creds)
+        state["sweep_schedule"] = sweep_schedule(prefect_url, creds)
         workers = worker_count()
         limit = os.environ.get("ADA_CONCURRENCY_LIMIT", "ada-train")
-        ensure_concurrency_limit(home, prefect_url, limit, int(os.environ.get("ADA_TRAIN_SLOTS") or workers))
+        ensure_concurrency_limit(home, prefect_url, limit, int(os.environ.get("ADA_TRAIN_SLOTS") or workers), creds)
         state["concurrency_limit"] = limit
-        state["pids"]["workers"] = start_workers(home, prefect_url, log_dir, workers)
+        state["pids"]["workers"] = start_workers(home, prefect_url, log_dir, workers, creds)
         _write_state(state_path, state)
-        reap_dead_runs(home, prefect_url, mlflow_url)
+        reap_dead_runs(home, prefect_url, mlflow_url, creds)
     except BaseException:
         stop(home)
         raise
@@ -402,12 +557,30 @@ Prefect UI : {state['prefect_url']}     (deployments: train, compare, evaluate, 
                                           work pool '{WORK_POOL}': {len(state['pids']['workers']) - 1} worker(s)
                                           with --limit 1, one for compare/sweep parents;
                                           concurrency limit '{state['concurrency_limit']}')
-MLflow UI  : {state['mlflow_url']}     (store {home / 'mlflow.db'}, artifacts {home / 'mlartifacts'})
+MLflow UI  : {state['mlflow_url']}     (store {masked(mlflow_store(home))}, artifacts {home / 'mlartifacts'})
 Logs       : {home / 'ui'}
 Trigger a run from the Prefect UI (Deployments -> compare -> Run), or:
   PREFECT_API_URL={state['prefect_url']}/api {BIN / 'prefect'} deployment run compare/compare
-Stop everything with: make ui-stop
+{sweep_note(state)}{auth_note(state)}Stop everything with: make ui-stop
 """)
+
+
+def sweep_note(state: dict) -> str:
+    command = resume_sweep_command(state)
+    if command is None:
+        return ""
+    if state["sweep_schedule"]["active"]:
+        return f"The weekly sweep ({state['sweep_schedule']['cron']}, UTC) is scheduled.\n"
+    return (f"The weekly sweep ({state['sweep_schedule']['cron']}, UTC) ships paused; start its schedule with\n"
+            f"  {command}\n  (or Prefect UI -> Deployments -> sweep -> the schedule's toggle)\n")
+
+
+def auth_note(state: dict) -> str:
+    if not state.get("auth"):
+        return ""
+    return ("Both servers want the team's credentials (ADA_UI_USER / ADA_UI_PASSWORD): clients send them as\n"
+            "  PREFECT_API_AUTH_STRING=<user>:<password>, MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD\n"
+            "  (the commands above too); see infra/TEAM.md\n")
 
 
 if __name__ == "__main__":

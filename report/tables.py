@@ -1,8 +1,14 @@
-"""The report's final-metrics table: one row per variant, `mean ± std` over its seeds."""
+"""The report's final-metrics table: one row per variant, `mean ± std` over its seeds.
+
+`summary_table` is the markdown of report.md; `summary_rows` the same numbers as plain columns
+(a mean and a std column per metric, std empty for one seed), for a sortable table (the compare
+and sweep parents log it as an MLflow table artifact).
+"""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -11,11 +17,11 @@ from report.curves import FLOPS_CUM, RunCurves
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
-    """Mean and sample std (ddof=1; 0 for a single seed), NaNs ignored."""
+    """Mean and sample std (ddof=1), NaNs ignored; the std of a single value is NaN (undefined), not 0."""
     clean = [v for v in values if not math.isnan(v)]
     if not clean:
         return math.nan, math.nan
-    return float(np.mean(clean)), float(np.std(clean, ddof=1)) if len(clean) > 1 else 0.0
+    return float(np.mean(clean)), float(np.std(clean, ddof=1)) if len(clean) > 1 else math.nan
 
 
 def final_metrics(run: RunCurves) -> dict[str, float]:
@@ -48,19 +54,40 @@ def summary_table(runs: list[RunCurves]) -> str:
         group = [r for r in runs if r.label == label]
         cells = []
         for col in columns:
-            mean, std = mean_std([per_run[id(r)][col] for r in group])
-            cells.append(_fmt(mean, std))
+            values = [per_run[id(r)][col] for r in group]
+            mean, std = mean_std(values)
+            cells.append(_fmt(mean, std, sum(not math.isnan(v) for v in values)))
         seeds = ",".join(str(r.seed) for r in group)
         lines.append(f"| {label} | {len(group)} ({seeds}) | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def _fmt(mean: float, std: float) -> str:
+def summary_rows(runs: list[RunCurves]) -> list[dict[str, Any]]:
+    """One dict per label: variant, seeds, n_seeds, then `<metric>` (mean) and `<metric> std` (None for one seed).
+
+    NaN means are None too, so the rows serialise as JSON nulls."""
+    labels = list(dict.fromkeys(r.label for r in runs))
+    per_run = {id(r): final_metrics(r) for r in runs}
+    rows = []
+    for label in labels:
+        group = [r for r in runs if r.label == label]
+        row: dict[str, Any] = {"variant": label, "seeds": ",".join(str(r.seed) for r in group), "n_seeds": len(group)}
+        for col in per_run[id(group[0])]:
+            mean, std = mean_std([per_run[id(r)][col] for r in group])
+            row[col] = None if math.isnan(mean) else mean
+            row[f"{col} std"] = None if math.isnan(std) else std
+        rows.append(row)
+    return rows
+
+
+def _fmt(mean: float, std: float, count: int = 2) -> str:
+    """`0.412 ± 0.013`; one seed: `0.412 ± n/a (1 seed)`, since one value has no spread to report."""
     if math.isnan(mean):
         return "n/a"
+    spread = "n/a (1 seed)" if count == 1 or math.isnan(std) else None
     if abs(mean) >= 1e4:
-        return f"{mean:.3g} ± {std:.2g}"
-    return f"{mean:.3f} ± {std:.3f}"
+        return f"{mean:.3g} ± {spread or f'{std:.2g}'}"
+    return f"{mean:.3f} ± {spread or f'{std:.3f}'}"
 
 
 def _mean(values: np.ndarray) -> float:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ada_core import metrics as K
+from report.bands import plot_bands_html, plot_bands_png
 from report.configs import config_differences, differences_markdown
 from report.curves import PAIRED_AXES, X_AXES, RunCurves, load_run
 from report.paired import paired_differences, paired_table
@@ -37,12 +38,16 @@ class Report:
     """The markdown before the plots (title, note, table), for callers that place the plots themselves."""
 
     def plots_markdown(self, url_of: Callable[[str], str | None] = lambda name: name) -> str:
-        """Each PNG as a markdown image at `url_of(file name)` (default: the name, relative to report.md)."""
+        """Each PNG as a markdown image and each HTML page as a link, at `url_of(file name)` (default: the
+        name, relative to report.md)."""
         lines = []
         for f in self.files:
             if f.suffix == ".png":
                 url = url_of(f.name)
                 lines.append(f"![{f.stem}]({url})" if url else f"`{f.name}`")
+            elif f.suffix == ".html":
+                url = url_of(f.name)
+                lines.append(f"Interactive (zoom, hover, hide variants): [{f.name}]({url})" if url else f"`{f.name}`")
         return "\n\n".join(lines)
 
 
@@ -57,7 +62,8 @@ def write_report(runs: list[RunCurves], out_dir: str | Path, title: str = "Compa
         raise ValueError("write_report needs at least one run")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    files = [plot_against(runs, axis, out) for axis in X_AXES]
+    files = [plot_bands_png(runs, out), plot_bands_html(runs, out)]
+    files += [plot_against(runs, axis, out) for axis in X_AXES]
     files.append(plot_per_step(runs, K.SAMPLER_EFFECTIVE_RATIO, "effective ratio", out, "effective_ratio"))
     files.append(plot_per_step(runs, K.BUDGET_GENERATED_SAMPLES, "generated samples per step", out, "samples_per_step"))
     files.append(plot_time_split(runs, out))
@@ -85,7 +91,7 @@ def write_report(runs: list[RunCurves], out_dir: str | Path, title: str = "Compa
     summary = "\n".join([
         f"# {title}",
         "",
-        "Final metrics, mean ± std over seeds. Held-out numbers are from the last evaluation; FLOPs = 2·params per "
+        "Final metrics, mean ± std over seeds (one seed has no std: n/a). Held-out numbers are from the last evaluation; FLOPs = 2·params per "
         "generated token + 6·params per trained token + 2·params per log-prob token"
         + (f" (params = {', '.join(f'{p:,}' for p in params)})." if params else "."),
         "",

@@ -92,3 +92,24 @@ def listeners_beyond_loopback(pid: int, ignore_ports: set[int] = frozenset()) ->
             if not ipaddress.ip_address(conn.laddr.ip).is_loopback:
                 found.append((conn.laddr.ip, conn.laddr.port))
     return found
+
+
+def write_run_folder(run_dir, label: str, seed: int, accuracy: list[float], samples_per_step: float,
+                     num_params: int = 1000):
+    """A run folder as a finished run leaves it (metrics.jsonl, run_info.json), with an eval at every step:
+    step k has held-out accuracy `accuracy[k]` and generated `samples_per_step` samples (step 0: none)."""
+    import json
+    from pathlib import Path
+
+    from ada_core import metrics as K
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rows = [{"step": 0, K.EVAL_AVG_AT_K: accuracy[0]}]
+    for step in range(1, len(accuracy)):
+        rows.append({"step": step, K.REWARD_MEAN: accuracy[step] / 2, K.BUDGET_GENERATED_SAMPLES: samples_per_step,
+                     K.BUDGET_GENERATED_SAMPLES_CUM: samples_per_step * step})
+        rows.append({"step": step, K.EVAL_AVG_AT_K: accuracy[step]})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run_dir / "run_info.json").write_text(json.dumps({"label": label, "seed": seed, "num_params": num_params}))
+    return run_dir

@@ -149,8 +149,11 @@ class Callbacks:
 
 
 def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None = None,
-          overwrite: bool = False) -> RunState:
+          overwrite: bool = False, sft_progress: Callable[[int, int], None] | None = None) -> RunState:
     """Build models, data and engines; with `resume`, restore the newest good checkpoint of that run.
+
+    `sft_progress(done, total)` is called after each step of the SFT warm start (`config.sft_steps`
+    from the configured model; not when the warm-started model is cached or a checkpoint is resumed).
 
     `output_dir` must not hold another run (`ada_core.run.folder`): resume it, or `overwrite` to move the
     old run aside first; no other live process may be writing it, and this one holds its lock until
@@ -185,7 +188,7 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
         model, tokenizer = load_policy(model_dir)
     else:
         model_dir, model, tokenizer = start_model(config.model, config.sft_steps, config.data.dataset,
-                                                  train_prompts + eval_prompts, config.seed)
+                                                  train_prompts + eval_prompts, config.seed, progress=sft_progress)
     train_prompts, eval_prompts, skipped = _encode_within_limit(tokenizer, train_prompts, eval_prompts, config)
     for _, bench_prompts in suite:  # every benchmark prompt is scored, as the paper does: no length cut
         encode_prompts(tokenizer, bench_prompts)

@@ -39,6 +39,7 @@ from flows.tracking.runs import (
     HOST,
     PID,
     PID_START,
+    STUDY,
     ResumeTarget,
     child_result,
     experiment_of,
@@ -50,6 +51,7 @@ from flows.tracking.runs import (
     resume_target,
     run_of_flow_run,
     run_of_folder,
+    study_of,
     take_over,
 )
 from flows.tracking.store import (
@@ -71,11 +73,12 @@ from flows.tracking.store import (
 
 __all__ = [
     "BUDGET_SERIES", "CHAMPION_ALIAS", "EXPERIMENT_KIND", "EXPERIMENT_KIND_TAG", "EXPERIMENT_NOTE", "FLOW_RUN", "HOST",
-    "NOT_APPLICABLE", "PID", "PID_START", "REGISTERED_MODEL", "SERVERS_FILE", "VS_MFLOPS", "VS_SAMPLES", "BudgetAxes",
+    "NOT_APPLICABLE", "PID", "PID_START", "REGISTERED_MODEL", "SERVERS_FILE", "STUDY", "VS_MFLOPS", "VS_SAMPLES", "BudgetAxes",
     "MlflowClient", "ResumeTarget", "RunLogger", "artifact_root", "checkpoint_artifact_path", "child_result",
     "dataset_hash", "default_tracking_uri", "download_model", "ensure_experiment", "experiment_of", "links",
     "log_accuracy_table", "log_checkpoint", "log_dataset_inputs", "log_generations", "log_metrics", "log_params", "mark_dead", "missing_files",
     "open_client", "owner_alive", "process_tags", "reap_dead_runs", "register_policy", "resolve",
-    "resolve_tracking_uri", "resume_target", "run_of_flow_run", "run_of_folder", "run_facts", "run_of_model", "run_params", "take_over",
-    "tracked_run", "ui_server_uri", "unused_fields", "use_tracking_uri", "with_postgres_driver",
+    "resolve_tracking_uri", "resume_target", "run_facts", "run_of_flow_run", "run_of_folder", "run_of_model",
+    "run_params", "study_of", "take_over", "tracked_run", "ui_server_uri", "unused_fields", "use_tracking_uri",
+    "with_postgres_driver",
 ]

@@ -27,6 +27,15 @@ from ada_core.run.files import read_run_info
 log = logging.getLogger(__name__)
 
 PID, PID_START, HOST, FLOW_RUN = "ada.pid", "ada.pid_start", "ada.host", "prefect.flow_run_id"
+# The compare/sweep group a run belongs to (its parent's name), on the parent and every child: one
+# filter (`tags.ada.study = '<group>'`) then grouping by `ada.variant` compares variants within one study.
+STUDY = "ada.study"
+
+
+def study_of(client: MlflowClient, parent_run_id: str) -> str:
+    """The study of a parent run: its `ada.study` tag, else (a parent made before the tag) its name."""
+    parent = client.get_run(parent_run_id)
+    return parent.data.tags.get(STUDY) or parent.info.run_name
 
 OnKilled = Callable[[str, str], Any]  # (Prefect flow run id, reason), called for a run marked KILLED
 

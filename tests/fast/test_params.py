@@ -110,3 +110,26 @@ def test_the_parameter_schema_names_the_override_keys_so_the_server_refuses_a_ru
     for key in ("sampler.MM", "seed"):
         with pytest.raises(Exception, match=rf"'{re.escape(key)}' is not one of"):
             validate({"params": {"overrides": {key: 1}}}, schema, raise_on_error=True)
+
+
+def test_forms_show_the_defaults_and_keep_angle_brackets():
+    """Prefect's form fills a field from its schema's `default`: a `default_factory` has none, so the
+    compare form showed "0 selected" variants while a run used three. And it renders descriptions
+    as markdown, where a bare `<variant>` is an HTML tag and vanishes: such text goes in backticks."""
+    import re
+
+    from flows.params import CurateParams, EvaluateParams
+
+    for cls in (TrainParams, CompareParams, SweepParams, EvaluateParams, CurateParams):
+        schema = cls.model_json_schema()
+        instance = cls()
+        for name, field in cls.model_fields.items():
+            assert schema["properties"][name].get("default") == instance.model_dump(mode="json")[name], (cls, name)
+            assert "<" not in re.sub(r"`[^`]*`", "", field.description or ""), (cls.__name__, name)
+    compare = CompareParams.model_json_schema()["properties"]
+    assert compare["variants"]["default"] == ["grpo", "ada-pos", "ada-balance"] and compare["seeds"]["default"] == [0]
+    assert compare["regimes"]["default"] == ["default"] and compare["matched_grpo"]["default"] is True
+    assert compare["curate"]["default"] is True
+    a, b = CompareParams(), CompareParams()  # a literal list default is still one list per instance
+    a.variants.append("dapo")
+    assert b.variants == ["grpo", "ada-pos", "ada-balance"]

@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
+from support import write_run_folder
 
 from ada_core import metrics as K
-from report import count_params, load_run, mean_std, merge_rows, summary_table
+from report import (
+    count_params,
+    load_run,
+    mean_std,
+    merge_rows,
+    summary_rows,
+    summary_table,
+    variant_bands,
+    write_report,
+)
 
 
 def test_merge_rows_puts_eval_on_the_step_timeline_with_flops():
@@ -36,7 +47,38 @@ def test_summary_table_reports_mean_and_std_over_seeds(tmp_path):
     assert [r.label for r in runs] == ["ada", "ada"] and count_params(runs[0].run_dir) == 1000
     table = summary_table(runs)
     assert "| ada | 2 (0,1) | 0.300 ± 0.141 |" in table
-    assert mean_std([1.0]) == (1.0, 0.0) and mean_std([float("nan")])[0] != mean_std([float("nan")])[0]
+    assert mean_std([1.0])[0] == 1.0 and np.isnan(mean_std([1.0])[1]) and mean_std([float("nan")])[0] != mean_std([float("nan")])[0]
+
+
+def test_one_seed_has_no_std_and_the_table_says_so(tmp_path):
+    run = load_run(write_run_folder(tmp_path / "grpo-s0", "grpo", 0, [0.1, 0.2], 8.0))
+    table = summary_table([run])
+    assert "± 0.000" not in table and "0.200 ± n/a (1 seed)" in table
+    [row] = summary_rows([run])
+    assert row["variant"] == "grpo" and row["n_seeds"] == 1
+    assert row["held-out accuracy (avg@k)"] == pytest.approx(0.2) and row["held-out accuracy (avg@k) std"] is None
+
+
+def test_bands_are_the_mean_and_std_over_seeds_at_shared_budget_points(tmp_path):
+    """Two seeds of ada at 10 and 14 samples a step: the band's x values are those both cover; the
+    second seed is read between its points. One grpo seed is a line with no band."""
+    runs = [load_run(write_run_folder(tmp_path / "ada-s0", "ada", 0, [0.0, 0.2, 0.4], 10.0)),
+            load_run(write_run_folder(tmp_path / "ada-s1", "ada", 1, [0.0, 0.4, 0.6], 14.0)),
+            load_run(write_run_folder(tmp_path / "grpo-s0", "grpo", 0, [0.0, 0.1, 0.2], 8.0))]
+    ada, grpo = variant_bands(runs, K.BUDGET_GENERATED_SAMPLES_CUM, K.EVAL_AVG_AT_K)
+    assert ada.seeds == 2 and list(ada.x) == [0.0, 10.0, 14.0, 20.0]  # seed 1 reaches 28, seed 0 stops at 20
+    s1_at_10 = 0.4 * 10 / 14
+    assert ada.mean[1] == pytest.approx((0.2 + s1_at_10) / 2)
+    assert ada.high[1] - ada.mean[1] == pytest.approx(np.std([0.2, s1_at_10], ddof=1))
+    assert grpo.seeds == 1 and list(grpo.low) == list(grpo.mean) == list(grpo.high)
+    by_step = variant_bands(runs, "step", K.EVAL_AVG_AT_K)[0]
+    assert list(by_step.x) == [0.0, 1.0, 2.0] and list(by_step.mean) == pytest.approx([0.0, 0.3, 0.5])
+
+    report = write_report(runs, tmp_path / "report")
+    html = (tmp_path / "report" / "bands.html").read_text()
+    assert "plotly" in html and '"fill":"toself"' in html.replace(" ", "") and "ada (mean of 2 seeds)" in html
+    assert (tmp_path / "report" / "accuracy_reward_bands.png").stat().st_size > 0
+    assert "[bands.html](bands.html)" in report.markdown and "![accuracy_reward_bands]" in report.markdown
 
 
 def test_the_report_lists_every_config_difference_between_variants(tmp_path):

@@ -61,11 +61,13 @@ def compared(flows_env):
 
 
 def _children(client: MlflowClient, parent_id: str) -> dict[str, object]:
-    """Child runs by `<variant>-s<seed>`; their run names are `<group>/<variant>-s<seed>`."""
+    """Child runs by `<variant>-s<seed>`; their run names are `<variant>-s<seed> @ <group>`, their
+    study tag the group's, which is the parent's name and study."""
     parent = client.get_run(parent_id)
     runs = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'")
-    assert all(r.info.run_name.startswith(f"{parent.info.run_name}/") for r in runs)
-    return {r.info.run_name.split("/")[-1]: r for r in runs}
+    assert all(r.info.run_name.endswith(f" @ {parent.info.run_name}") for r in runs)
+    assert {r.data.tags["ada.study"] for r in runs} == {parent.data.tags["ada.study"]} == {parent.info.run_name}
+    return {r.info.run_name.split(" @ ")[0]: r for r in runs}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,6 +161,13 @@ def test_report_is_on_the_parent_run_and_a_prefect_artifact(compared):
     # every variant paired against grpo, and the prompt ledger's plot
     assert "| ada-balance | grpo | generated samples | 1 |" in markdown and "paired.json" in files
     assert "prompt_pass_rates.png" in files
+    # each variant's mean with a band over seeds (interactive and static), and one seed says it has no std
+    assert {"bands.html", "accuracy_reward_bands.png"} <= files
+    assert "± n/a (1 seed)" in markdown and "± 0.000" not in markdown
+    table = client.load_table(client.get_run(summary["parent_run_id"]).info.experiment_id,
+                              "report/final_metrics.json", run_ids=[summary["parent_run_id"]])
+    assert list(table["variant"]) == ["grpo", "ada-balance", "grpo-matched"] and list(table["n_seeds"]) == [1, 1, 1]
+    assert table["held-out accuracy (avg@k) std"].isna().all()  # one seed: no std, not 0
 
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey

@@ -1,10 +1,13 @@
 """The two UIs in a real browser, and the links between them.
 
 `make ui` (the shared `ui_stack`) runs on free, non-default ports; headless Chromium (Debian's
-`chromium` + `chromium-driver`, `make browser`) opens the Prefect deployments page, then the
-MLflow run of a finished `train` and follows its link to the Prefect flow run. The same train
-run is checked through the APIs: dataset inputs and their digests, the budget-axis series, the
-Prefect progress and metrics artifacts. Skips, saying why, where Chromium or selenium is missing.
+`chromium` + `chromium-driver`, `make browser`) opens the Prefect deployments page and the
+compare deployment's run form (its defaults shown as an unedited run uses them), then the MLflow
+run of a finished `train` and follows its link to the Prefect flow run (one name in both), and
+a comparison report's interactive seed-band page as MLflow stores it. The same train run is checked
+through the APIs: dataset inputs and their digests, the budget-axis series, the Prefect progress
+artifacts (the SFT warm start's included) and metrics table. Skips, saying why, where Chromium
+or selenium is missing.
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ from flows.tracking.budget import VS_MFLOPS, VS_SAMPLES
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--window-size=1400,900"]
 STEPS = 2
+SFT_STEPS = 2  # curation off: the warm start runs in the train flow itself, and shows its own progress
 
 
 def _find(*names: str) -> str | None:
@@ -84,6 +88,58 @@ def test_prefect_ui_on_other_ports_lists_the_deployments(ui_stack, browser, infr
     browser.save_screenshot(str(home / "ui" / "prefect-deployments.png"))
 
 
+FORM_FIELDS_JS = """
+const out = {};
+for (const label of arguments[0]) {
+  const el = [...document.querySelectorAll(".schema-form-property__label")]
+    .find(e => e.textContent.trim().replace(" (Optional)", "") === label);
+  if (!el) { out[label] = null; continue; }
+  const box = el.closest(".schema-form-property");
+  out[label] = {
+    selected: [...box.querySelectorAll("select option")].filter(o => o.selected).map(o => o.value),
+    values: [...box.querySelectorAll("input:not([type=checkbox])")].map(i => i.value),
+    checked: [...box.querySelectorAll("input[type=checkbox]")].map(i => i.checked),
+  };
+}
+return JSON.stringify(out);
+"""
+
+
+def test_compare_form_shows_what_an_unedited_run_does(ui_stack, browser, prefect_api):
+    """The form's fields hold the defaults an unedited run uses (list fields too: they used to show
+    "0 selected" while a run trained three variants plus the matched control), and a description's
+    `<flow>/<deployment>` is still there."""
+    from prefect.client.orchestration import get_client
+
+    from flows.params import CompareParams
+
+    home, state = ui_stack
+    with prefect_api(f"{state['prefect_url']}/api"):
+        with get_client(sync_client=True) as client:
+            deployment = client.read_deployment_by_name("compare/compare")
+    unedited = CompareParams(**deployment.parameters["params"])  # what a run of the untouched form gets
+    children = len(unedited.variants) * len(unedited.seeds) * len(unedited.regimes) + unedited.matched_grpo
+    assert (unedited.children, children, unedited.curate) == ("deployments", 4, True)
+
+    first = browser.current_window_handle
+    browser.switch_to.new_window("tab")  # a form page may hold the tab with "leave this page?": its own tab
+    try:
+        browser.get(f"{state['prefect_url']}/deployments/deployment/{deployment.id}/run")
+        text = _wait_for_text(browser, lambda t: "Regimes" in t and "Matched Grpo" in t)
+        labels = ["Variants", "Seeds", "Regimes", "Matched Grpo", "Curate", "Children"]
+        fields = json.loads(browser.execute_script(FORM_FIELDS_JS, labels))
+        browser.save_screenshot(str(home / "ui" / "prefect-compare-form.png"))
+    finally:
+        browser.close()
+        browser.switch_to.window(first)
+    assert fields["Variants"]["selected"] == unedited.variants == ["grpo", "ada-pos", "ada-balance"], fields
+    assert fields["Seeds"]["values"] == [str(s) for s in unedited.seeds] == ["0"], fields
+    assert fields["Regimes"]["selected"] == unedited.regimes == ["default"], fields
+    assert fields["Matched Grpo"]["checked"] == [True] and fields["Curate"]["checked"] == [True], fields
+    assert fields["Children"]["selected"] == ["deployments"], fields
+    assert "<flow>/<deployment>" in text  # in backticks: markdown would take a bare <flow> for a tag
+
+
 def test_ui_status_names_what_is_wrong(infra_ui, free_port):
     """A Prefect server whose UI calls another port, a dead MLflow and no worker: three PROBLEM lines."""
 
@@ -122,19 +178,19 @@ def trained(ui_stack, tmp_path_factory, prefect_api):
     data = tmp_path_factory.mktemp("data") / "openr1_sums.parquet"
     pq.write_table(pa.Table.from_pylist([
         {"problem": f"{a}+{a % 7}=", "answer": str(a + a % 7), "uuid": f"sum-{a}", "problem_type": "Algebra",
-         "question_type": "math-word-problem", "source": "synthetic"} for a in range(40)]), data)
+         "question_type": "math-word-problem", "source": "synthetic"} for a in range(60)]), data)  # 20 for the SFT
     params = TrainParams(
         preset="ada-balance", steps=STEPS, prompts_per_step=4, curate=False, tracking_uri=state["mlflow_url"],
         experiment="browser-test",
         overrides={"data.dataset": str(data), "data.train_size": 32, "data.eval_size": 8, "eval_every": 1,
-                   "eval_k": 2, "checkpoint_every": 0, "sft_steps": 0},
+                   "eval_k": 2, "checkpoint_every": 0, "sft_steps": SFT_STEPS},
     )
     with prefect_api(f"{state['prefect_url']}/api"):
         result = train(params)
     return state, result, data, params.config()
 
 
-def test_mlflow_run_links_to_its_prefect_flow_run(trained, browser, ui_stack):
+def test_mlflow_run_links_to_its_prefect_flow_run(trained, browser, ui_stack, prefect_api):
     state, result, _, _ = trained
     home, _ = ui_stack
     client = MlflowClient(state["mlflow_url"])
@@ -152,10 +208,16 @@ def test_mlflow_run_links_to_its_prefect_flow_run(trained, browser, ui_stack):
     anchors = [a for a in browser.find_elements("tag name", "a") if a.get_attribute("href") == prefect_url]
     assert anchors, f"no link to {prefect_url} on the MLflow run page"
     browser.get(anchors[0].get_attribute("href"))  # the anchor opens a new tab; follow it in this one
-    flow_run_name = run.data.tags[links.NOTE_TAG].split("Prefect flow run: [")[1].split("]")[0]
-    text = _wait_for_text(browser, lambda t: flow_run_name in t and "Completed" in t)
+    # One name in both UIs: the standalone run's flow run is named after its MLflow run.
+    assert run.info.run_name.startswith("train-ada-balance-s0-")
+    text = _wait_for_text(browser, lambda t: run.info.run_name in t and "Completed" in t)
     assert "Can't connect" not in text
     browser.save_screenshot(str(home / "ui" / "prefect-flow-run.png"))
+    from prefect.client.orchestration import get_client
+
+    with prefect_api(f"{state['prefect_url']}/api"):
+        with get_client(sync_client=True) as prefect:
+            assert prefect.read_flow_run(run.data.tags["prefect.flow_run_id"]).name == run.info.run_name
 
 
 def test_train_run_logs_its_data_and_budget_series(trained):
@@ -200,8 +262,12 @@ def test_prefect_shows_progress_and_links_to_mlflow(trained, prefect_api):
     by_type = {}
     for artifact in artifacts:
         by_type.setdefault(artifact.type, []).append(artifact)
-    [progress] = by_type["progress"]
-    assert progress.data == 100.0 and progress.description.endswith(f"step {STEPS} of {STEPS}")
+    progress = {a.description.split(":")[0].split(" of ")[0]: a for a in by_type["progress"]}
+    assert set(progress) == {"warm start (SFT)", f"train {run.info.run_name}"}, progress
+    assert progress["warm start (SFT)"].data == 100.0
+    assert progress["warm start (SFT)"].description.endswith(f"step {SFT_STEPS} of {SFT_STEPS}")
+    bar = progress[f"train {run.info.run_name}"]
+    assert bar.data == 100.0 and bar.description.endswith(f"step {STEPS} of {STEPS}")
     [table] = by_type["table"]
     rows = {row["key"]: row for row in json.loads(table.data)}
     assert rows[K.EVAL_AVG_AT_K]["step"] == STEPS and rows[K.REWARD_MEAN]["metric"] == "reward (round-1 mean)"
@@ -210,3 +276,41 @@ def test_prefect_shows_progress_and_links_to_mlflow(trained, prefect_api):
     assert f"]({run_url})" in markdown.data
     lines = [log.message for log in logs]
     assert any(line.endswith(run_url) for line in lines), lines  # the URL ends the line: nothing glued on
+
+
+def test_report_bands_open_from_mlflow(ui_stack, browser, tmp_path):
+    """A two-variant, two-seed report logged to an MLflow run (as compare's parent logs it): its
+    bands.html, read back from MLflow, draws each variant's mean and a band over the seeds."""
+    from report import load_run, write_report
+    from support import write_run_folder
+
+    home, state = ui_stack
+    runs = [load_run(write_run_folder(tmp_path / f"{label}-s{seed}", label, seed, accuracy, samples))
+            for label, samples, curves in (("grpo", 8.0, ([0.1, 0.2, 0.3], [0.1, 0.25, 0.35])),
+                                           ("ada-balance", 13.0, ([0.1, 0.3, 0.5], [0.1, 0.35, 0.45])))
+            for seed, accuracy in enumerate(curves)]
+    report = write_report(runs, tmp_path / "report", title="bands")
+    client = MlflowClient(state["mlflow_url"])
+    experiment = tracking.ensure_experiment(client, "browser-report")
+    run_id = client.create_run(experiment).info.run_id
+    client.log_artifacts(run_id, str(report.directory), artifact_path="report")
+    client.set_terminated(run_id)
+
+    # MLflow's get-artifact route hands an HTML file over as a download; its UI shows it in a sandboxed
+    # frame. The page as MLflow stores it, opened in the browser:
+    page = client.download_artifacts(run_id, "report/bands.html", str(tmp_path / "from-mlflow"))
+    browser.get(f"file://{page}")
+    deadline = time.monotonic() + 60
+    traces = None
+    while traces is None and time.monotonic() < deadline:  # plotly draws once its inlined script has run
+        traces = browser.execute_script("const p = document.querySelector('.js-plotly-plot'); "
+                                        "return p && p.data ? p.data.map(t => [t.name, t.fill || '', t.x.length]) : null;")
+        time.sleep(0.5)
+    assert traces, f"{browser.current_url}: no plotly figure drawn"
+    title = browser.execute_script("return document.querySelector('.js-plotly-plot').layout.title.text;")
+    assert title.startswith("Mean over seeds with a ±1 std band (grpo: 2 seeds, ada-balance: 2 seeds)"), title
+    bands = {name for name, fill, _ in traces if fill == "toself"}
+    assert bands == {"grpo ±1 std", "ada-balance ±1 std"}, traces
+    means = {name for name, fill, n in traces if not fill and n}
+    assert means == {"grpo (mean of 2 seeds)", "ada-balance (mean of 2 seeds)"}, traces
+    browser.save_screenshot(str(home / "ui" / "report-bands.png"))

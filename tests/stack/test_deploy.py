@@ -8,6 +8,7 @@ and worker are always stopped. The stack (`ui_stack`, conftest.py) is shared wit
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 
@@ -24,7 +25,7 @@ CURATE_PARAMS = {
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
-def test_ui_serves_deployments_and_a_worker_runs_a_triggered_flow(ui_stack, prefect_api):
+def test_ui_serves_deployments_and_a_worker_runs_a_triggered_flow(ui_stack, prefect_api, infra_ui):
     home, state = ui_stack
     assert state["prefect_url"].startswith("http://127.0.0.1:") and state["mlflow_url"].startswith("http://127.0.0.1:")
     assert json.loads((home / "ui" / "servers.json").read_text())["mlflow_url"] == state["mlflow_url"]
@@ -39,6 +40,15 @@ def test_ui_serves_deployments_and_a_worker_runs_a_triggered_flow(ui_stack, pref
             assert all(d.work_pool_name == "ada-process" for d in deployments.values())
             sweep = deployments["sweep/sweep"]
             assert [s.schedule.cron for s in sweep.schedules] == ["0 3 * * 0"]
+            # The weekly sweep ships paused; the command `make ui` prints starts it.
+            [schedule] = sweep.schedules
+            assert schedule.active is False
+            assert state["sweep_schedule"] == {"id": str(schedule.id), "active": False, "cron": "0 3 * * 0"}
+            command = infra_ui.resume_sweep_command(state)
+            assert command.endswith(f"deployment schedule resume sweep/sweep {schedule.id}")
+            subprocess.run(command, shell=True, check=True, capture_output=True, timeout=300)
+            assert client.read_deployment(sweep.id).schedules[0].active is True
+            client.update_deployment_schedule(sweep.id, schedule.id, active=False)  # paused again for the others
             assert deployments["train/train"].pull_steps == [
                 {"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}
             ]

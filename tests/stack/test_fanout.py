@@ -85,8 +85,8 @@ def flow_runs(ids: list[str]) -> dict[str, object]:
 
 
 def _child_name(name: str) -> str:
-    """`<group>/<variant>-s<seed>` -> `<variant>-s<seed>`: children are named after their group too."""
-    group, _, child = name.rpartition("/")
+    """`<variant>-s<seed> @ <group>` -> `<variant>-s<seed>`: children are named after their group too."""
+    child, _, group = name.partition(" @ ")
     assert group, name
     return child
 

@@ -8,12 +8,18 @@ test_browser.py run flows against servers of their own in the same process as th
 
 from __future__ import annotations
 
+import os
+import sqlite3
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from prefect import flow, task
 
 pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
 
 
 @task
@@ -60,3 +66,77 @@ def test_task_runs_reach_the_server_their_flow_ran_on(prefect_harness, prefect_a
         assert task_run_names(other) == ["one_step", "one_step"]
         assert task_run_names(after, timeout_s=0) == []  # nothing of the harness's went there
     assert PREFECT_API_URL.value() == harness
+
+
+# ---------------------------------------------------------------------------------------------
+# Prefect's temporary server on a fresh home, from a process that only imported `flows`
+
+CLEARED = ("PREFECT_SERVER_ANALYTICS_ENABLED", "MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK", "PREFECT_API_URL",
+           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "MLFLOW_TRACKING_URI", "PREFECT_HOME", "ADA_HOME")
+TRIVIAL_FLOW = """
+import os, flows
+from flows.runtime import flow  # the platform's flows' decorator: the database is migrated first
+
+@flow(name="first-start")
+def first_start() -> int:
+    return 1
+
+assert first_start() == 1
+print("finished", os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"], os.environ["MLFLOW_DISABLE_TELEMETRY"])
+"""
+TRAIN_FLOW = """
+import flows
+from flows.params import TrainParams
+from flows.train import train
+
+result = train(TrainParams(preset="grpo", steps=1, prompts_per_step=2, curate=False, experiment="first-start",
+                           overrides={"model": MODEL, "sft_steps": 0, "eval_every": 0, "checkpoint_every": 0,
+                                      "data.train_size": 8, "data.eval_size": 2}))
+print("finished", result["run_id"])
+"""
+
+
+def _flow_process(code: str, home, tiny_model) -> subprocess.Popen:
+    """`code` in a fresh interpreter whose environment has none of the telemetry or server settings."""
+    # Nor this process's torch.distributed rendezvous (an in-process DeepSpeed engine exports it).
+    env = {k: v for k, v in os.environ.items()
+           if k not in CLEARED and k not in ("MASTER_ADDR", "MASTER_PORT") and not k.startswith("PYTEST")}
+    env.update({"ADA_HOME": str(home), "PREFECT_HOME": str(home / "prefect"), "PYTHONPATH": str(REPO),
+                "TQDM_DISABLE": "1",
+                # Had anything been left on, nothing leaves the machine: an unreachable proxy.
+                "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
+                "NO_PROXY": "127.0.0.1,localhost"})
+    code = code.replace("MODEL", repr(str(tiny_model)))  # the session's tiny model: not rebuilt in the new home
+    return subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def test_flows_start_at_once_on_a_fresh_home_with_telemetry_off(tmp_path, tiny_model):
+    """Four flows started together on one new Prefect database (its first start: every migration), from
+    processes that set nothing but `import flows`: all four finish, one of them a real `train` run.
+
+    With Prefect's own 20 s start-up bound all four timed out on this 2-core machine ("Timed out while
+    attempting to connect to ephemeral Prefect API server"; docs/BENCHMARKS.md, Temporary Prefect
+    server). The database has no telemetry session row: the server's heartbeat never ran."""
+    home = tmp_path / "home"
+    home.mkdir()
+    procs = [_flow_process(TRAIN_FLOW, home, tiny_model)] + [_flow_process(TRIVIAL_FLOW, home, tiny_model)
+                                                             for _ in range(3)]
+    outputs = [p.communicate(timeout=900)[0] for p in procs]
+    for proc, out in zip(procs, outputs):
+        assert proc.returncode == 0 and "finished" in out, out[-3000:]
+    assert all("finished false true" in out for out in outputs[1:]), outputs[1][-500:]  # telemetry off by default
+    with sqlite3.connect(home / "prefect" / "prefect.db") as db:
+        assert db.execute("select count(*) from configuration where key = 'TELEMETRY_SESSION'").fetchone() == (0,)
+        assert db.execute("select count(*) from flow_run where state_type = 'COMPLETED'").fetchone() == (4,)
+
+
+def test_importing_flows_sets_telemetry_defaults_but_keeps_the_users(tmp_path):
+    code = "import os, flows; print([os.environ[k] for k in flows.ENV_DEFAULTS])"
+    env = {k: v for k, v in os.environ.items() if k not in CLEARED}
+    env["PYTHONPATH"] = str(REPO)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['false', 'true', '1', '300']"
+    env.update({"MLFLOW_DISABLE_TELEMETRY": "false", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "60"})
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['false', 'false', '1', '60']"
