@@ -22,6 +22,7 @@ from pathlib import Path
 from ada_core import metrics as K
 from report.curves import PAIRED_AXES, X_AXES, RunCurves, load_run
 from report.paired import paired_differences, paired_table
+from report.paper_tables import table_c
 from report.plots import plot_against, plot_per_step, plot_time_split
 from report.prompt_plot import plot_prompt_ledger
 from report.tables import summary_table
@@ -73,6 +74,12 @@ def write_report(runs: list[RunCurves], out_dir: str | Path, title: str = "Compa
             "t-interval (report/paired.py).",
             "",
             paired_table(pairs),
+            "",
+            f"## Table C: avg@k minus `{reference}`'s at equal generated samples and at equal trained tokens",
+            "",
+            "Paired by seed, 95% t-interval; bold where the interval excludes 0 (report/paper_tables.py).",
+            "",
+            table_c({"this group": runs}, reference),
             "",
         ]
     params = sorted({r.num_params for r in runs if r.num_params})

@@ -115,7 +115,8 @@ def training_config(config, curated: dict[str, Any]):
         raise ValueError(
             f"curation kept {curated['kept']} of {curated['pool']} prompts: after data.eval_size={config.data.eval_size} "
             f"held out, {max(train_prompts, 0)} remain for prompts_per_step={config.prompts_per_step}; raise "
-            "data.train_size, data.pass_rate_ceiling or data.keep_pass_rate, or lower data.eval_size or prompts_per_step"
+            "data.train_size, data.pass_rate_ceiling or data.keep_pass_rate, or lower data.eval_size or "
+            "prompts_per_step"
         )
     from ada_core.config import deep_merge, validate_config
 

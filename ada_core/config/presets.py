@@ -1,7 +1,7 @@
 """Algorithm presets, scale profiles, and how a config is built from them.
 
-Algorithm presets (`grpo`, `grpo-n8`, `grpo-n16`, `dapo`, `ada-pos`, `ada-balance`, `ada-est`, ...) say *what* algorithm runs; scale
-profiles (`tiny`, `smollm2-135m`, `paper`) say *how big*: prompts per step, lengths and learning
+Algorithm presets (`grpo`, `grpo-n8`, `grpo-n16`, `dapo`, `ada-pos`, `ada-balance`, `ada-est`, ...) say
+*what* algorithm runs; scale profiles (`tiny`, `smollm2-135m`, `paper`) say *how big*: prompts per step, lengths and learning
 rate suit a model size, and the paper's values do not suit a tiny model. `build_config` layers
 defaults < scale profile < preset < config file < `--set` overrides, then validates (schema.py).
 """
