@@ -39,6 +39,7 @@ OVERRIDES = {
     "data.train_pool": 256,
     "eval_k": 4,
     "eval_every": 10,
+    "checkpoint_every": 0,  # only the final checkpoint: the grid's runs are short, a killed one reruns
 }
 POOLS = {
     "standard": {},  # the tiny profile's curation: k = 8, 0 < pass rate <= 0.875
