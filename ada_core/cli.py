@@ -67,7 +67,8 @@ def simulate(
 
 @app.command()
 def train(
-    preset: str = typer.Option("grpo", help="Algorithm preset: grpo, dapo, ada-pos, ada-balance."),
+    preset: str = typer.Option("grpo", help="Algorithm preset: grpo, grpo-n8, grpo-n16, dapo, ada-pos, ada-balance, "
+                                               "ada-est, ada-posterior, ada-budget (docs/ALGORITHM.md)."),
     profile: str = typer.Option("tiny", help="Scale profile: tiny, smollm2-135m, paper."),
     model: str | None = typer.Option(None, help="tiny, smollm2-135m, or a local HF model folder (default: the profile's)."),
     steps: int | None = typer.Option(None, min=1, help="Training steps (default: the profile's)."),

@@ -34,10 +34,10 @@ NOT_APPLICABLE = "n/a"
 def unused_sampler_fields(sampler: str) -> set[str]:
     """SamplerConfig fields the named sampler ignores.
 
-    SamplerConfig documents each sampler-specific field with a prefix, `ada:` or `dapo:` (the
-    `dynamic_filter` sampler); the rest apply to every sampler.
+    SamplerConfig documents each sampler-specific field with a prefix, `ada:`, `dapo:` (the
+    `dynamic_filter` sampler) or `est:`; the rest apply to every sampler.
     """
-    owner = {"ada": "ada:", "dynamic_filter": "dapo:"}
+    owner = {"ada": "ada:", "dynamic_filter": "dapo:", "est": "est:"}
     mine = owner.get(sampler)
     return {name for name, field in SamplerConfig.model_fields.items()
             if any((field.description or "").startswith(prefix) for prefix in owner.values() if prefix != mine)}

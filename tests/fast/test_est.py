@@ -168,6 +168,15 @@ def test_presets_name_the_papers_rows():
             exclude={"preset", "sampler"})
 
 
+def test_every_preset_is_a_flow_parameter_choice():
+    from typing import get_args
+
+    from ada_core.config import PRESETS
+    from flows.params import Preset
+
+    assert set(get_args(Preset)) == set(PRESETS)
+
+
 def test_est_budget_outside_the_bounds_is_a_config_error():
     with pytest.raises(ConfigError, match=r"sampler.budget: 600 samples a step cannot be spread over "
                                           r"prompts_per_step = 32 prompts"):
