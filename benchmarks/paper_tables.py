@@ -69,7 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--resume", nargs="+", default=[], metavar="POOL=GROUP_DIR",
                         help="continue a killed grid: each pool's compare group folder")
     parser.add_argument("--tables-from", nargs="+", default=[], metavar="POOL=GROUP_DIR",
-                        help="only write the tables from the finished children of these compare group folders")
+                        help="only write the tables from the finished children of these compare group folders "
+                             "(a pool may be named more than once)")
     return parser.parse_args(argv)
 
 
@@ -100,8 +101,12 @@ def run(args: argparse.Namespace) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     if args.tables_from:
-        groups = pairs(args.tables_from, "--tables-from")
-        runs = {pool: order_runs(finished_runs(folder), spec["methods"]) for pool, folder in groups.items()}
+        groups: dict[str, list[str]] = {}
+        for item in args.tables_from:  # a pool may name several groups (a grid split over processes)
+            pool, folder = next(iter(pairs([item], "--tables-from").items()))
+            groups.setdefault(pool, []).append(folder)
+        runs = {pool: order_runs([r for folder in folders for r in finished_runs(folder)], spec["methods"])
+                for pool, folders in groups.items()}
         done = {pool: sorted({(r.label, r.seed) for r in rs}) for pool, rs in runs.items()}
         markdown = "# Paper tables (from the finished children only)\n\n" + "\n".join(
             f"- pool `{pool}`: {len(d)} runs finished: {', '.join(f'{m}-s{s}' for m, s in d)}"

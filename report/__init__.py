@@ -7,6 +7,7 @@ No Prefect and no MLflow: it reads run folders through `ada_core.run.files` and
 - `tables`: the final-metrics table (mean ± std over seeds).
 - `plots`: accuracy and reward against each budget axis, per-step curves, the step-time split.
 - `paired`: paired differences from a reference variant at equal budget, with 95% intervals.
+- `paper_tables`: the paper's Tables A (accuracy) and B (step time), and Table C (equal budget).
 - `prompt_plot`: the prompt-ledger plot (pass rate per prompt over training).
 - `writer`: `write_report` (every file and report.md) and the command line.
 
@@ -27,6 +28,7 @@ from report.curves import (
     merge_rows,
 )
 from report.paired import mean_ci, paired_differences, paired_table, reference_for, regime_of, value_at
+from report.paper_tables import paper_tables_markdown, table_a, table_b, table_c
 from report.plots import plot_against, plot_per_step, plot_time_split
 from report.prompt_plot import pass_rate_matrix, plot_prompt_ledger
 from report.tables import final_metrics, mean_std, summary_table
@@ -35,6 +37,6 @@ from report.writer import Report, main, write_report
 __all__ = [
     "CUMULATIVE", "FLOPS_CUM", "PAIRED_AXES", "STEP_TIME_CUM", "TIME_SPLIT", "X_AXES", "Y_AXES", "Report", "RunCurves",
     "count_params", "final_metrics", "load_run", "main", "mean_ci", "mean_std", "merge_rows", "paired_differences",
-    "paired_table", "pass_rate_matrix", "plot_against", "plot_per_step", "plot_prompt_ledger", "plot_time_split",
-    "reference_for", "regime_of", "summary_table", "value_at", "write_report",
+    "paired_table", "paper_tables_markdown", "pass_rate_matrix", "plot_against", "plot_per_step", "plot_prompt_ledger",
+    "plot_time_split", "reference_for", "regime_of", "summary_table", "table_a", "table_b", "table_c", "value_at", "write_report",
 ]
