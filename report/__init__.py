@@ -38,5 +38,6 @@ __all__ = [
     "CUMULATIVE", "FLOPS_CUM", "PAIRED_AXES", "STEP_TIME_CUM", "TIME_SPLIT", "X_AXES", "Y_AXES", "Report", "RunCurves",
     "count_params", "final_metrics", "load_run", "main", "mean_ci", "mean_std", "merge_rows", "paired_differences",
     "paired_table", "paper_tables_markdown", "pass_rate_matrix", "plot_against", "plot_per_step", "plot_prompt_ledger",
-    "plot_time_split", "reference_for", "regime_of", "summary_table", "table_a", "table_b", "table_c", "value_at", "write_report",
+    "plot_time_split", "reference_for", "regime_of", "summary_table", "table_a", "table_b", "table_c", "value_at",
+    "write_report",
 ]
