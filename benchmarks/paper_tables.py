@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> dict:
         done = {pool: sorted({(r.label, r.seed) for r in rs}) for pool, rs in runs.items()}
         markdown = "# Paper tables (from the finished children only)\n\n" + "\n".join(
             f"- pool `{pool}`: {len(d)} runs finished: {', '.join(f'{m}-s{s}' for m, s in d)}"
-            for pool, d in done.items()) + "\n\n" + paper_tables_markdown(runs)
+            for pool, d in done.items()) + "\n\n" + paper_tables_markdown(runs, order=spec["methods"])
         result = {"markdown": markdown, "groups": groups}
     else:
         result = paper_tables(**spec, resume=pairs(args.resume, "--resume"))

@@ -69,7 +69,7 @@ def paper_tables(
         summaries[pool] = compare.with_options(flow_run_name=f"compare-{pool}")(p)
     runs_by_pool = {pool: order_runs(finished_runs(Path(s["report_dir"]).parent), methods)
                     for pool, s in summaries.items()}
-    tables = paper_tables_markdown(runs_by_pool, REFERENCE)
+    tables = paper_tables_markdown(runs_by_pool, REFERENCE, order=methods)
     uri = summaries[next(iter(summaries))]["tracking_uri"]
     client = tracking.open_client(uri)
     parents = {pool: s["parent_run_id"] for pool, s in summaries.items()}

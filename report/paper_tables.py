@@ -54,10 +54,17 @@ def diff_cell(mean: float, half: float) -> str:
     return f"{bold}{mean:+.3f} [{lo:+.3f}, {hi:+.3f}]{bold}"
 
 
-def table_a(runs_by_pool: dict[str, list[RunCurves]]) -> str:
+def method_order(runs_by_pool: dict[str, list[RunCurves]], order: list[str] | None = None) -> list[str]:
+    """Every method of any pool: those in `order` first, in its order, then the rest as they come."""
+    seen = list(dict.fromkeys(label for runs in runs_by_pool.values() for label in labels_of(runs)))
+    rank = {m: i for i, m in enumerate(order or [])}
+    return sorted(seen, key=lambda m: (rank.get(m, len(rank)), seen.index(m)))
+
+
+def table_a(runs_by_pool: dict[str, list[RunCurves]], order: list[str] | None = None) -> str:
     """| method | <pool> avg@k | <pool> pass@k | ... | seeds |, mean ± 95% CI over seeds."""
     pools = list(runs_by_pool)
-    methods = list(dict.fromkeys(label for runs in runs_by_pool.values() for label in labels_of(runs)))
+    methods = method_order(runs_by_pool, order)
     head = "| method | " + " | ".join(f"{p} avg@k | {p} pass@k" for p in pools) + " | seeds |"
     lines = [head, "|" + "---|" * (2 * len(pools) + 2)]
     for method in methods:
@@ -124,14 +131,15 @@ def table_c(runs_by_pool: dict[str, list[RunCurves]], reference: str = "grpo") -
     return "\n".join(lines)
 
 
-def paper_tables_markdown(runs_by_pool: dict[str, list[RunCurves]], reference: str = "grpo") -> str:
+def paper_tables_markdown(runs_by_pool: dict[str, list[RunCurves]], reference: str = "grpo",
+                          order: list[str] | None = None) -> str:
     """All three tables with their captions, as one markdown document's body."""
     ks = sorted({_eval_k(r) for runs in runs_by_pool.values() for r in runs} - {None})
     k_text = f"k = {', '.join(str(k) for k in ks)}" if ks else "k"
     return "\n".join([
         f"### Table A: held-out accuracy ({k_text}; mean ± 95% t-interval over seeds, last evaluation)",
         "",
-        table_a(runs_by_pool),
+        table_a(runs_by_pool, order),
         "",
         f"### Table B: seconds per step and generation per step (mean over seeds; ratio to `{reference}` of "
         "the same pool)",
