@@ -145,8 +145,9 @@ def bench_trainer(args, out_dir: Path) -> dict:
     for engine in ("transformers", "vllm"):
         config = build_config(args.trainer_preset, args.trainer_model, overrides={
             "steps": args.trainer_steps, "eval_every": 0, "checkpoint_every": 0, "seed": args.seed,
-            "rollout": {"engine": engine, "vllm": {"dtype": "float32", "concurrency": args.concurrency,
-                                                   "startup_timeout_s": args.startup_timeout_s}}})
+            "rollout": {"engine": engine, **({"vllm": {"dtype": "float32", "concurrency": args.concurrency,
+                                                       "startup_timeout_s": args.startup_timeout_s}}
+                                             if engine == "vllm" else {})}})
         run_dir = out_dir / f"trainer-{engine}"
         load_before = os.getloadavg()
         start = time.perf_counter()

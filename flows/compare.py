@@ -70,11 +70,12 @@ def check_fresh(params: CompareParams, config, train_prompts: int) -> None:
 def compare(params: CompareParams = CompareParams()) -> dict[str, Any]:
     """Train every regime x variant x seed under one MLflow parent run; report, then register the best policy."""
     # Every child's config first, so a bad value fails before any work (ConfigError names the field).
-    configs = {(regime, preset, seed): params.build(preset, seed, regime_overrides(params, regime))
+    configs = {(regime, preset, seed): params.build(preset, seed, regime_overrides(params, regime), group=True)
                for regime in params.regimes for seed in params.seeds for preset in params.variants}
     if params.matched_grpo:
         for seed in params.seeds:
-            params.build("grpo", seed)
+            params.build("grpo", seed, group=True)
+    params.check_shared_overrides(list(configs.values()))
     logger = get_run_logger()
     set_torch_threads()
     uri = tracking.resolve_tracking_uri(params.tracking_uri)
@@ -115,7 +116,7 @@ def compare(params: CompareParams = CompareParams()) -> dict[str, Any]:
                 return []
             seed = result["seed"]
             samples = mean_samples_per_step(result["run_dir"])
-            prompts = matched_grpo_prompts(samples, params.build("grpo", seed).sampler.n)
+            prompts = matched_grpo_prompts(samples, params.build("grpo", seed, group=True).sampler.n)
             logger.info("%s seed %s: %s drew %.1f samples/step -> %s with %d prompts/step",
                         regime, seed, REFERENCE, samples, MATCHED_LABEL, prompts)
             key = f"matched_prompts_per_step_s{seed}" if regime == "default" else \

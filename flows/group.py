@@ -43,7 +43,8 @@ def child_params(settings: RunSettings, preset: str, seed: int, label: str, trac
                  prompts_per_step: int | None = None) -> TrainParams:
     """The `train` parameters of one child: the group's settings plus this point's preset, seed and overrides."""
     shared = settings.model_dump(include=set(RunSettings.model_fields))
-    shared["overrides"] = {**flatten_dotted(settings.overrides), **flatten_dotted(extra_overrides or {})}
+    own = settings.shared_overrides_for(settings.build(preset, seed, extra_overrides, group=True))
+    shared["overrides"] = {**own, **flatten_dotted(extra_overrides or {})}
     shared["tracking_uri"] = tracking_uri  # the parent's backend, whatever resolution would say later
     if prompts_per_step is not None:
         shared["prompts_per_step"] = prompts_per_step

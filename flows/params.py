@@ -71,8 +71,9 @@ class RunSettings(_Params):
     )
     experiment: str = Field("reinforce-ada", min_length=1, description="MLflow experiment name.")
 
-    def build(self, preset: str, seed: int, extra: dict[str, Any] | None = None) -> TrainConfig:
-        """The validated TrainConfig; raises ConfigError naming the field."""
+    def build(self, preset: str, seed: int, extra: dict[str, Any] | None = None, group: bool = False) -> TrainConfig:
+        """The validated TrainConfig; raises ConfigError naming the field. `group`: `overrides` are a group's,
+        shared by variants that may not all read each (`shared_overrides_for` keeps a child's own)."""
         overrides = nest_dotted(self.overrides)
         top: dict[str, Any] = {"seed": seed, "rollout": {"engine": self.engine}}
         if self.steps is not None:
@@ -80,7 +81,26 @@ class RunSettings(_Params):
         if self.prompts_per_step is not None:
             top["prompts_per_step"] = self.prompts_per_step
         merged = nest_dotted({**flatten_dotted(top), **flatten_dotted(overrides), **flatten_dotted(extra or {})})
-        return check_engine(build_config(preset, self.profile, overrides=merged))
+        return check_engine(build_config(preset, self.profile, overrides=merged, refuse_unread=not group))
+
+    def shared_overrides_for(self, config: TrainConfig) -> dict[str, Any]:
+        """The group's overrides (dotted) that a child of `config` reads: a group's `sampler.M` goes to its Ada
+        variants, not to GRPO, which would refuse it."""
+        from ada_core.config.applies import not_applicable
+
+        unread = not_applicable(config)
+        return {k: v for k, v in flatten_dotted(nest_dotted(self.overrides)).items() if k not in unread}
+
+    def check_shared_overrides(self, configs: list[TrainConfig]) -> None:
+        """Refuse a group override that none of its children reads, naming where it applies."""
+        from ada_core.config.applies import applicability, not_applicable
+
+        unread = set.intersection(*(not_applicable(c) for c in configs)) if configs else set()
+        rules = applicability(TrainConfig)
+        for key in flatten_dotted(nest_dotted(self.overrides)):
+            if key in unread:
+                raise ConfigError(f"overrides.{key}: no run of this group reads it: it applies only when "
+                                  f"{rules[key]}; remove it or add a variant that reads it")
 
 
 class TrainParams(RunSettings):
@@ -232,10 +252,14 @@ class EvaluateParams(_Params):
     k: int = Field(4, ge=1, description="Samples per prompt.")
     profile: Profile = Field("tiny", description="Scale profile for lengths and eval set size.")
     engine: Engine = Field("transformers", description="Rollout engine.")
-    dataset: str | None = Field(None, description="Eval prompts: generator name or file; empty = the profile's.")
-    eval_size: int | None = Field(None, ge=1, description="Held-out prompts; empty = the profile's.")
+    dataset: str | None = Field(
+        None, description="Eval prompts: generator name or file (its held-out split). Empty = for a model the "
+        "platform trained, that run's own held-out split; else the profile's dataset.")
+    eval_size: int | None = Field(
+        None, ge=1, description="Held-out prompts; empty = all of them (the training run's, or the profile's).")
     temperature: float | None = Field(None, gt=0, description="Sampling temperature; empty = the profile's (1.0).")
-    seed: int = Field(0, description="Seed of the prompt split and the samples.")
+    seed: int = Field(0, description="Seed of the prompt split and the samples; a platform-trained model's run "
+                      "brings its own.")
     tracking_uri: str | None = Field(None, description="MLflow tracking URI (see train).")
     experiment: str = Field("reinforce-ada", min_length=1, description="MLflow experiment name.")
 

@@ -23,7 +23,8 @@ from flows.train import prepare_data
 def sweep(params: SweepParams = SweepParams()) -> dict[str, Any]:
     """Train every grid point x seed as a child run; report and register the best policy."""
     grid = params.grid()
-    configs = [params.build(preset, seed, extra) for preset, _, extra in grid for seed in params.seeds]  # fail fast
+    configs = [params.build(preset, seed, extra, group=True) for preset, _, extra in grid for seed in params.seeds]
+    params.check_shared_overrides(configs)  # fail fast
     logger = get_run_logger()
     set_torch_threads()
     uri = tracking.resolve_tracking_uri(params.tracking_uri)

@@ -29,7 +29,7 @@ from ada_core.config import TrainConfig
 from ada_core.data import data_digest
 from ada_core.paths import runs_dir
 from ada_core.run.checkpoints import NoCheckpoint, latest_checkpoint
-from ada_core.run.files import PER_STEP_FILES, RESULT, RUN_INFO, read_metrics
+from ada_core.run.files import PER_STEP_FILES, RESULT, RUN_INFO, final_metrics, read_metrics
 from ada_core.run.folder import check_run_dir
 from ada_core.training import run_steps, setup
 from flows import resume as resuming
@@ -60,10 +60,9 @@ def prepare_data(config: TrainConfig, curate: bool, curation_seed: int) -> tuple
 
 def check_inputs(config: TrainConfig) -> None:
     """Read the dataset once before any MLflow run or folder exists: a bad file or row fails here."""
-    from ada_core.data import load_prompts, split_prompts
+    from ada_core.data import run_split
 
-    prompts = load_prompts(config.data.dataset, size=config.data.train_size + config.data.eval_size, seed=config.seed)
-    split_prompts(prompts, eval_size=config.data.eval_size, seed=config.seed)
+    run_split(config.data, config.seed)
 
 
 def _fresh_start(out: Path) -> None:
@@ -145,6 +144,7 @@ def train_run(params: TrainParams) -> dict[str, Any]:
             extra = {k: v for k, v in provenance.items() if k != "dataset_hash"}
             tracking.log_params(client, run_id, tracking.run_params(
                 config, variant=variant, dataset_digest=provenance["dataset_hash"],
+                facts=tracking.run_facts(params.curate),
                 extra={**extra, "preset": params.preset, "engine": params.engine, "run_dir": str(out)},
             ))
         state = _setup(run_config, out, target, client, run_id, logger, overwrite=params.overwrite)
@@ -164,11 +164,16 @@ def train_run(params: TrainParams) -> dict[str, Any]:
                 "label": variant, "preset": params.preset, "seed": params.seed, "num_params": state.num_params,
                 "mlflow_run_id": run_id, "tracking_uri": uri,
             }, indent=2) + "\n")
-            if target is not None:
-                sent = run_logger.send_missing(read_metrics(out))
-                if sent:
-                    logger.info("sent %d metric rows the crash left unsent", sent)
+            if target is not None:  # what a crash before or during a checkpoint's send left unsent
+                rows = read_metrics(out)
+                sent, points = run_logger.send_missing(rows), budget.send_missing(rows)
+                uploaded = run_logger.upload_missing(out)
+                if sent or points or uploaded:
+                    logger.info("sent %d metric rows, %d budget points and checkpoints %s the crash left unsent",
+                                sent, points, uploaded)
             final = run_steps(state, TASK_STEPS, chain(run_logger.callbacks(), budget.callbacks(), shown.callbacks()))
+            if not final:  # resumed at its last step: nothing ran, the result is what metrics.jsonl holds
+                final = final_metrics(read_metrics(out), state.step)
         finally:
             run_logger.flush()
             state.close()
@@ -176,6 +181,10 @@ def train_run(params: TrainParams) -> dict[str, Any]:
         artifact = f"{tracking.checkpoint_artifact_path(checkpoint)}/hf" if checkpoint else None
         version = None
         if params.register_as and artifact:
+            missing = tracking.missing_files(client, run_id, checkpoint)
+            if missing:  # never register a version whose files are not all in MLflow
+                raise RuntimeError(f"checkpoint {checkpoint.name}: MLflow run {run_id} lacks {missing[:3]}; "
+                                   "resume the run to upload it before registering")
             version = tracking.register_policy(
                 client, run_id, artifact, name=params.register_as, alias=params.alias,
                 tags={"variant": variant, "preset": params.preset, "seed": params.seed},

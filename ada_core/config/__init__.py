@@ -3,6 +3,9 @@
 - `schema`: the pydantic models (`TrainConfig` and its sections), `validate_config`, `flat_params`.
 - `presets`: the algorithm presets, the scale profiles, and `build_config`, which layers defaults <
   scale profile < preset < config file < `--set` overrides.
+- `applies`: where each field applies (`ALWAYS`, `LABEL`, `when(...)`, declared next to its description):
+  MLflow's `n/a`, docs/CONFIG.md (`python -m ada_core.config`) and the refusal of a field set where it is
+  never read all read it.
 """
 
 from ada_core.config.presets import (

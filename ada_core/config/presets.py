@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from ada_core.config.applies import unread_set_fields
 from ada_core.config.schema import ConfigError, TrainConfig, validate_config
 
 # Each preset sets only what defines the algorithm; the comment on each value gives its source.
@@ -148,11 +149,17 @@ def build_config(
     profile: str = "tiny",
     config_file: str | Path | None = None,
     overrides: dict[str, Any] | None = None,
+    refuse_unread: bool = True,
 ) -> TrainConfig:
     """Layer defaults < profile < preset < config file < overrides, then validate.
 
-    A bad value raises `ConfigError` naming the dotted field, e.g. `sampler.n: ...`.
+    A bad value raises `ConfigError` naming the dotted field, e.g. `sampler.n: ...`; so does a field the
+    config file or an override sets where the run never reads it (ada_core/config/applies.py), e.g.
+    `sampler.window` under `schedule: rounds`. Profiles and presets may set such fields (the `tiny`
+    profile's `sampler.M` under GRPO): MLflow logs them as `n/a`. `refuse_unread=False` is for a group's
+    shared overrides, which need only apply to some of its variants (flows/params.py).
     """
+    given: dict[str, Any] = {}
     if preset not in PRESETS:
         raise ConfigError(f"preset: unknown {preset!r}; choose from {sorted(PRESETS)}")
     if profile not in PROFILES:
@@ -175,6 +182,12 @@ def build_config(
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path}: expected a mapping at the top level")
         merged = deep_merge(merged, loaded)
+        given = deep_merge(given, loaded)
     if overrides:
         merged = deep_merge(merged, overrides)
-    return validate_config(merged)
+        given = deep_merge(given, overrides)
+    config = validate_config(merged)
+    unread = unread_set_fields(config, given) if refuse_unread else []
+    if unread:
+        raise ConfigError("\n".join(unread))
+    return config

@@ -12,6 +12,7 @@ from ada_core.data.prompts import (
     data_digest,
     prompts_digest,
     load_prompts,
+    run_split,
     split_prompts,
     SFT_SEED_OFFSET,
     SFT_DRAW_SIZE,
@@ -31,6 +32,6 @@ from ada_core.data.source import PromptSource
 __all__ = [
     "FileSchema", "GENERATORS", "PromptSource", "REASONING_GYM_TASKS", "RECORD_COLUMNS", "SCHEMAS", "SFT_DRAW_SIZE",
     "SFT_SEED_OFFSET", "arithmetic_prompts", "data_digest", "detect_schema", "generate_prompts",
-    "load_dataset_file", "load_prompts", "prompts_digest", "reasoning_gym_levels", "reasoning_gym_prompts",
+    "load_dataset_file", "load_prompts", "prompts_digest", "reasoning_gym_levels", "reasoning_gym_prompts", "run_split",
     "split_prompts", "warm_start_prompts"
 ]

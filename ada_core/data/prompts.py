@@ -96,6 +96,17 @@ def split_prompts(prompts: Sequence[Prompt], eval_size: int, seed: int) -> tuple
     return train, evals
 
 
+def run_split(data, seed: int) -> tuple[list[Prompt], list[Prompt]]:
+    """A run's (training, held-out) prompts: `data` (a DataConfig) drawn with `seed` and split, the training
+    side cut to `data.train_pool` when set (the fixed pool reused over epochs). The trainer, the flows'
+    input check and the evaluate flow's default held-out set are all this one split."""
+    prompts = load_prompts(data.dataset, size=data.train_size + data.eval_size, seed=seed)
+    train, evals = split_prompts(prompts, eval_size=data.eval_size, seed=seed)
+    if data.train_pool is not None:
+        train = train[: data.train_pool]
+    return train, evals
+
+
 SFT_SEED_OFFSET = 1_000_003  # the SFT draw's seed, far from any seed a user picks
 SFT_DRAW_SIZE = 2048  # DESIGN.md's CPU calibration point warm-starts on ~2k prompts
 

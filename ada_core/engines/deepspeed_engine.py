@@ -324,6 +324,32 @@ def _grad_norm(module) -> float:
     return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
 
 
+def optimizer_and_config(model, optim_cfg: OptimConfig):
+    """What `optim` turns into, before DeepSpeed: AdamW (decay on matrices only), the warm-up schedule
+    (optimizer -> LambdaLR) and DeepSpeed's config dict."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": optim_cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=optim_cfg.lr,
+    )
+    warmup = optim_cfg.warmup_steps
+
+    def schedule(optimizer):
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+
+    config = {
+        "train_micro_batch_size_per_gpu": optim_cfg.micro_batch_size,
+        "gradient_accumulation_steps": 1,  # we mark the accumulation boundary ourselves per mini-batch
+        "gradient_clipping": optim_cfg.grad_clip,
+        "zero_optimization": {"stage": optim_cfg.zero_stage},
+        "bf16": {"enabled": optim_cfg.precision == "bf16"},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 1 << 30,
+    }
+    return optimizer, schedule, config
+
+
 def _initialize(model, optim_cfg: OptimConfig):
     """deepspeed.initialize in this process, AdamW with decay on matrices, warm-up LambdaLR. A rank actor
     sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT first; alone, it is rank 0 of 1.
@@ -348,26 +374,7 @@ def _initialize(model, optim_cfg: OptimConfig):
         log.warning("DeepSpeed's shm comm op was not pre-built at install (DS_BUILD_SHM_COMM=1); "
                     "init_distributed may now JIT-compile it, which takes about a minute")
     deepspeed.init_distributed(dist_backend=backend)  # a no-op when already initialised
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": optim_cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=optim_cfg.lr,
-    )
-    warmup = optim_cfg.warmup_steps
-
-    def schedule(optimizer):
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
-
-    config = {
-        "train_micro_batch_size_per_gpu": optim_cfg.micro_batch_size,
-        "gradient_accumulation_steps": 1,  # we mark the accumulation boundary ourselves per mini-batch
-        "gradient_clipping": optim_cfg.grad_clip,
-        "zero_optimization": {"stage": optim_cfg.zero_stage},
-        "bf16": {"enabled": optim_cfg.precision == "bf16"},
-        "zero_allow_untested_optimizer": True,
-        "steps_per_print": 1 << 30,
-    }
+    optimizer, schedule, config = optimizer_and_config(model, optim_cfg)
     start = time.perf_counter()
     engine, ds_optimizer, _, scheduler = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=schedule, config=config

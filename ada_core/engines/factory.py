@@ -63,9 +63,7 @@ def vllm_rollout_engine(config, model_dir: Path, module: Any, output_dir: Path, 
     if v.base_url is None:
         server = _server(config, model_dir, Path(output_dir) / "vllm-server.log", v.port).start()
     try:
-        engine = VLLMRolloutEngine(server.base_url if server else v.base_url, server=server, concurrency=v.concurrency,
-                                   request_timeout_s=v.request_timeout_s, sync_root=v.sync_dir,
-                                   sleep_during_update=v.sleep_during_update)
+        engine = VLLMRolloutEngine(server.base_url if server else v.base_url, server=server, **engine_kwargs(config))
         if server is None:
             engine.sync_weights(module, version=weight_version)
         else:
@@ -87,8 +85,7 @@ def _vllm_pool(config, model_dir: Path, module: Any, output_dir: Path, weight_ve
     from ada_core.engines.vllm_pool import VLLMServerPool, cpu_blocks
 
     v = config.rollout.vllm
-    common = dict(concurrency=v.concurrency, request_timeout_s=v.request_timeout_s, sync_root=v.sync_dir,
-                  sleep_during_update=v.sleep_during_update)
+    common = engine_kwargs(config)
     if v.base_urls:
         pool = VLLMServerPool([VLLMRolloutEngine(url, **common) for url in v.base_urls], sync_root=v.sync_dir)
         try:
@@ -122,9 +119,16 @@ def _vllm_pool(config, model_dir: Path, module: Any, output_dir: Path, weight_ve
     return pool
 
 
-def _server(config, model_dir: Path, log_path: Path, port: int):
+def engine_kwargs(config) -> dict[str, Any]:
+    """`VLLMRolloutEngine`'s settings from `config.rollout.vllm` (one per server of a pool)."""
+    v = config.rollout.vllm
+    return dict(concurrency=v.concurrency, request_timeout_s=v.request_timeout_s, sync_root=v.sync_dir,
+                sleep_during_update=v.sleep_during_update)
+
+
+def _server(config, model_dir: Path, log_path: Path, port: int, python: str | Path | None = None):
     """A (not yet started) vLLM server on `model_dir` as `config.rollout.vllm` describes it; `dtype: auto`
-    follows the trainer's precision."""
+    follows the trainer's precision. `python`: the server's interpreter (default: `make vllm-env`'s)."""
     from ada_core.engines.vllm_server import VLLMServer
 
     v = config.rollout.vllm
@@ -132,4 +136,4 @@ def _server(config, model_dir: Path, log_path: Path, port: int):
     return VLLMServer(model_dir, max_model_len=v.max_model_len, dtype=dtype, port=port, log_path=log_path,
                       gpu_memory_utilization=v.gpu_memory_utilization, cpu_kvcache_gib=v.cpu_kvcache_gib,
                       enforce_eager=v.enforce_eager, enable_sleep_mode=v.sleep_during_update,
-                      startup_timeout_s=v.startup_timeout_s, extra_args=v.extra_args)
+                      startup_timeout_s=v.startup_timeout_s, extra_args=v.extra_args, python=python)

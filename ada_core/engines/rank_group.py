@@ -62,6 +62,13 @@ class RankError(RuntimeError):
     """A training rank died, raised, or did not answer. The message names the rank and holds its log tail."""
 
 
+def placement(distributed) -> tuple[list[dict[str, float]], str]:
+    """The placement group's bundles (one per rank: `cpus_per_rank`, `gpus_per_rank`) and strategy."""
+    bundle = {"CPU": distributed.cpus_per_rank,
+              **({"GPU": distributed.gpus_per_rank} if distributed.gpus_per_rank > 0 else {})}
+    return [dict(bundle) for _ in range(distributed.num_ranks)], distributed.placement_strategy
+
+
 def start_ray(distributed) -> bool:
     """Connect to the configured Ray, or start a local one; False when this process already had Ray."""
     import ray
@@ -204,8 +211,9 @@ class RankGroup(UpdateEngine):
         if self._started_ray:
             node = ray._private.worker._global_node
             self._ray_pids = [p.process.pid for infos in (node.all_processes if node else {}).values() for p in infos]
-        bundle = {"CPU": cfg.cpus_per_rank, **({"GPU": cfg.gpus_per_rank} if cfg.gpus_per_rank > 0 else {})}
-        self._pg = placement_group([bundle] * self.num_ranks, strategy=cfg.placement_strategy)
+        bundles, strategy = placement(cfg)
+        bundle = bundles[0]
+        self._pg = placement_group(bundles, strategy=strategy)
         ready, _ = ray.wait([self._pg.ready()], timeout=cfg.startup_timeout_s)
         if not ready:
             raise RankError(f"distributed: a placement group of {self.num_ranks} ranks x {bundle} "

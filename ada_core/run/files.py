@@ -73,6 +73,16 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, float]]:
     return read_jsonl(Path(run_dir) / METRICS)
 
 
+def final_metrics(rows: list[dict[str, Any]], step: int) -> dict[str, float]:
+    """The metrics `run_steps` returns for a run that ended at `step`, from its metrics.jsonl rows: that step's
+    row and its evaluation merged (what a resume that had no step left to run reports)."""
+    out: dict[str, float] = {}
+    for row in rows:
+        if row.get("step") == step:
+            out.update({k: v for k, v in row.items() if k != "step"})
+    return out
+
+
 def read_generations(run_dir: str | Path, step: int | None = None) -> list[dict[str, Any]]:
     """Sampled eval generations, all of them or those of one step."""
     rows = read_jsonl(Path(run_dir) / GENERATIONS)

@@ -77,8 +77,12 @@ class StreamSchedule:
         self.n = cfg.n
         self.max_per_prompt = cfg.max_samples_per_prompt
         self.cap = cfg.global_sample_cap
+        if window < 1 or capacity < 1:
+            raise ValueError(f"streaming needs window >= 1 and capacity >= 1, got window={window}, capacity={capacity}")
         self.window, self.capacity = window, capacity
-        self.min_block = max(1, window // 4)
+        # A block never needs more slots than the server has: rollout.vllm.concurrency < window // 4 would
+        # otherwise wait for room that never comes, and every pool stay empty.
+        self.min_block = max(1, min(window // 4, capacity))
         self.next_j = [0] * num_prompts  # next sample index to start
         self.committed = [0] * num_prompts  # samples 0 .. committed-1 are in the pool
         self.positives = [0] * num_prompts
@@ -238,6 +242,8 @@ def run_streaming(cfg: SamplerConfig, advantage: AdvantageConfig, prompts: list[
     started = generation_end = time.perf_counter()
     try:
         launch()
+        if prompts and not pending:
+            raise RuntimeError("streaming schedule started no sample")  # a bookkeeping bug, never input
         while pending or backlog or verifying:
             kind, key, future = events.get()
             if kind == "generated":

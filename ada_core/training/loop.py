@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from ada_core import metrics as K
 from ada_core.config import TrainConfig
-from ada_core.data import load_prompts, split_prompts
+from ada_core.data import run_split
 from ada_core.data.source import PromptSource
 from ada_core.engines.factory import build_rollout_engine, build_update_engine
 from ada_core.errors import DatasetError
@@ -134,10 +134,7 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
     check_run_dir(output_dir, resume=resume, overwrite=overwrite)  # refuse early; claimed once inputs are read
     _seed_everything(config.seed)
 
-    prompts = load_prompts(config.data.dataset, size=config.data.train_size + config.data.eval_size, seed=config.seed)
-    train_prompts, eval_prompts = split_prompts(prompts, eval_size=config.data.eval_size, seed=config.seed)
-    if config.data.train_pool is not None:
-        train_prompts = train_prompts[: config.data.train_pool]  # the fixed pool reused over epochs
+    train_prompts, eval_prompts = run_split(config.data, config.seed)
 
     if checkpoint is not None:
         model_dir = checkpoint / "hf"
@@ -176,8 +173,7 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
         (output_dir / files.CONFIG).write_text(yaml.safe_dump(config.model_dump(), sort_keys=False))
         if checkpoint is not None:
             _restore(state, checkpoint)
-        if config.ledger.enabled:
-            state.ledger = _start_ledger(config, output_dir, checkpoint, step)
+        state.ledger = _start_ledger(config, output_dir, checkpoint, step)
     except BaseException:
         state.close()  # a launched vLLM server must not outlive a failed set-up
         raise
@@ -283,8 +279,11 @@ def save_checkpoint(state: RunState) -> Path:
     return final
 
 
-def _start_ledger(config: TrainConfig, output_dir: Path, checkpoint: Path | None, step: int) -> Ledger:
-    """The run's prompt ledger; a resume continues the checkpoint's ledger run after its step."""
+def _start_ledger(config: TrainConfig, output_dir: Path, checkpoint: Path | None, step: int) -> Ledger | None:
+    """The run's prompt ledger (None when `ledger.enabled` is off); a resume continues the checkpoint's
+    ledger run after its step."""
+    if not config.ledger.enabled:
+        return None
     saved = json.loads((checkpoint / "trainer_state.json").read_text()).get("ledger") if checkpoint else None
     run_id = saved.get("run_id") if saved else None
     same_dir = checkpoint is not None and checkpoint.parents[1].resolve() == output_dir.resolve()

@@ -27,10 +27,12 @@ from flows.tracking.logger import (
     log_generations,
     log_metrics,
     log_params,
+    missing_files,
+    run_facts,
     run_params,
-    unused_sampler_fields,
+    unused_fields,
 )
-from flows.tracking.registry import CHAMPION_ALIAS, REGISTERED_MODEL, download_model, register_policy
+from flows.tracking.registry import CHAMPION_ALIAS, REGISTERED_MODEL, download_model, register_policy, run_of_model
 from flows.tracking.runs import (
     FLOW_RUN,
     HOST,
@@ -71,8 +73,8 @@ __all__ = [
     "NOT_APPLICABLE", "PID", "PID_START", "REGISTERED_MODEL", "SERVERS_FILE", "VS_MFLOPS", "VS_SAMPLES", "BudgetAxes",
     "MlflowClient", "ResumeTarget", "RunLogger", "artifact_root", "checkpoint_artifact_path", "child_result",
     "dataset_hash", "default_tracking_uri", "download_model", "ensure_experiment", "experiment_of", "links",
-    "log_checkpoint", "log_dataset_inputs", "log_generations", "log_metrics", "log_params", "mark_dead",
+    "log_checkpoint", "log_dataset_inputs", "log_generations", "log_metrics", "log_params", "mark_dead", "missing_files",
     "open_client", "owner_alive", "process_tags", "reap_dead_runs", "register_policy", "resolve",
-    "resolve_tracking_uri", "resume_target", "run_of_flow_run", "run_of_folder", "run_params", "take_over",
-    "tracked_run", "ui_server_uri", "unused_sampler_fields", "use_tracking_uri", "with_postgres_driver",
+    "resolve_tracking_uri", "resume_target", "run_of_flow_run", "run_of_folder", "run_facts", "run_of_model", "run_params", "take_over",
+    "tracked_run", "ui_server_uri", "unused_fields", "use_tracking_uri", "with_postgres_driver",
 ]

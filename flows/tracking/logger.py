@@ -14,7 +14,9 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 
 from ada_core import metrics as K
-from ada_core.config import SamplerConfig, TrainConfig, flat_params
+from ada_core.config import TrainConfig, flat_params
+from ada_core.config.applies import not_applicable
+from ada_core.run.checkpoints import checkpoint_dirs, verify_checkpoint
 from ada_core.training import Callbacks
 
 _MAX_PARAMS_PER_BATCH = 100  # MLflow's log_batch limit
@@ -31,30 +33,33 @@ def dataset_hash(dataset: str) -> str:
 NOT_APPLICABLE = "n/a"
 
 
-def unused_sampler_fields(sampler: str) -> set[str]:
-    """SamplerConfig fields the named sampler ignores.
+def run_facts(curate: bool | None = None) -> dict[str, object]:
+    """What a run's applicability depends on besides its config (ada_core/config/applies.py)."""
+    import torch
 
-    SamplerConfig documents each sampler-specific field with a prefix, `ada:`, `dapo:` (the
-    `dynamic_filter` sampler) or `est:`; the rest apply to every sampler.
-    """
-    owner = {"ada": "ada:", "dynamic_filter": "dapo:", "est": "est:"}
-    mine = owner.get(sampler)
-    return {name for name, field in SamplerConfig.model_fields.items()
-            if any((field.description or "").startswith(prefix) for prefix in owner.values() if prefix != mine)}
+    return {"run.curate": curate, "run.device": "cuda" if torch.cuda.is_available() else "cpu"}
 
 
-def run_params(config: TrainConfig, variant: str, dataset_digest: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def unused_fields(config: TrainConfig, facts: dict[str, object] | None = None) -> set[str]:
+    """Dotted config fields a run of `config` never reads: each field's declared applicability (the schema)."""
+    return not_applicable(config, facts)
+
+
+def run_params(config: TrainConfig, variant: str, dataset_digest: str, extra: dict[str, Any] | None = None,
+               facts: dict[str, object] | None = None) -> dict[str, Any]:
     """The headline params (N, M, n, variant, sampler, advantage, model, dataset_hash, seed) + the flat config.
 
-    Params the sampler does not use (N and M for GRPO's `fixed`, for example) are logged as `n/a`,
-    headline and `sampler.*` alike, so the runs table does not suggest GRPO ran 4 rounds of 8.
+    Params the run does not read are logged as `n/a`, headline and dotted alike, as each field declares
+    (`json_schema_extra` in ada_core/config/schema.py): N and M for GRPO's `fixed`, the `budgeted` fields for
+    Ada, `rollout.vllm.*` for the transformers engine. `facts` (`run_facts`) says what the config cannot: whether
+    the flow curates, which device runs it.
     """
     params: dict[str, Any] = flat_params(config)
-    unused = unused_sampler_fields(config.sampler.name)
-    params.update({f"sampler.{name}": NOT_APPLICABLE for name in unused if f"sampler.{name}" in params})
+    unused = unused_fields(config, facts)
+    params.update({name: NOT_APPLICABLE for name in unused if name in params})
     params.update({
-        "N": NOT_APPLICABLE if "N" in unused else config.sampler.N,
-        "M": NOT_APPLICABLE if "M" in unused else config.sampler.M,
+        "N": NOT_APPLICABLE if "sampler.N" in unused else config.sampler.N,
+        "M": NOT_APPLICABLE if "sampler.M" in unused else config.sampler.M,
         "n": config.sampler.n,
         "variant": variant,
         "sampler": config.sampler.name,
@@ -99,6 +104,21 @@ def log_checkpoint(client: MlflowClient, run_id: str, checkpoint: Path) -> str:
     return artifact_path
 
 
+def missing_files(client: MlflowClient, run_id: str, checkpoint: Path) -> list[str]:
+    """The files of a local checkpoint folder that its MLflow artifact lacks, or holds at another size."""
+    held: dict[str, int | None] = {}
+    todo = [checkpoint_artifact_path(checkpoint)]
+    while todo:
+        for info in client.list_artifacts(run_id, todo.pop()):
+            if info.is_dir:
+                todo.append(info.path)
+            else:
+                held[info.path] = info.file_size
+    root = checkpoint_artifact_path(checkpoint)
+    return sorted(rel for path in checkpoint.rglob("*") if path.is_file()
+                  if held.get(f"{root}/{(rel := path.relative_to(checkpoint).as_posix())}") != path.stat().st_size)
+
+
 class RunLogger:
     """The trainer callbacks of one MLflow run: step and eval metrics, generation tables, checkpoints.
 
@@ -126,7 +146,7 @@ class RunLogger:
         checkpoint that covers it."""
         self._rows.append((step, metrics))
 
-    def _send(self, rows: list[list[Metric]]) -> None:
+    def send(self, rows: list[list[Metric]]) -> None:
         batch: list[Metric] = []
         for row in rows:
             if batch and len(batch) + len(row) > _MAX_METRICS_PER_BATCH:
@@ -146,7 +166,7 @@ class RunLogger:
     def on_checkpoint(self, step: int, path: Path) -> None:
         covered = [row for s, row in self._rows if s <= step]
         self._rows = [(s, row) for s, row in self._rows if s > step]
-        self._send(covered)
+        self.send(covered)
         log_checkpoint(self.client, self.run_id, path)
 
     def send_missing(self, rows: list[dict[str, Any]]) -> int:
@@ -167,8 +187,17 @@ class RunLogger:
             if int(row["step"]) not in seen[marker]:
                 now_ms = int(time.time() * 1000)
                 missing.append([Metric(k, float(v), now_ms, int(row["step"])) for k, v in values.items()])
-        self._send(missing)
+        self.send(missing)
         return len(missing)
+
+    def upload_missing(self, run_dir: Path) -> list[str]:
+        """Upload every checkpoint of `run_dir` whose files MLflow does not hold in full (a crash during its
+        upload, or before it); returns their artifact paths. A file is held when its path and size match."""
+        uploaded = []
+        for checkpoint in checkpoint_dirs(Path(run_dir)):
+            if verify_checkpoint(checkpoint) is None and missing_files(self.client, self.run_id, checkpoint):
+                uploaded.append(log_checkpoint(self.client, self.run_id, checkpoint))
+        return uploaded
 
     def flush(self) -> None:
         """Nothing to wait for: rows go out synchronously at checkpoints. Rows after the last one stay

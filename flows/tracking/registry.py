@@ -41,6 +41,22 @@ def register_policy(
     return version.version
 
 
+def run_of_model(client: MlflowClient, model_uri: str) -> str | None:
+    """The MLflow run that logged `models:/name@alias`, `models:/name/version` or `runs:/id/path`; None for
+    any other form (a local folder, a built-in name) or a registered version with no run."""
+    if model_uri.startswith("runs:/"):
+        return model_uri.removeprefix("runs:/").split("/", 1)[0] or None
+    if not model_uri.startswith("models:/"):
+        return None
+    name, _, ref = model_uri.removeprefix("models:/").partition("@")
+    if ref:
+        version = client.get_model_version_by_alias(name, ref)
+    else:
+        name, _, number = name.partition("/")
+        version = client.get_model_version(name, number)
+    return version.run_id or None
+
+
 def download_model(model_uri: str, tracking_uri: str, dst: Path) -> Path:
     """A local HF folder for `models:/name@alias`, `models:/name/version` or `runs:/id/path`."""
     use_tracking_uri(with_postgres_driver(tracking_uri))

@@ -340,7 +340,8 @@ ada_configs = st.builds(
     exit_rule=st.sampled_from(["pos", "balance"]),
     unresolved=st.sampled_from(["keep", "drop"]),
     downsample=st.sampled_from(["balanced", "random"]),
-).filter(lambda c: (c["M0"] or c["M"]) + (c["N"] - 1) * c["M"] >= c["n"])
+).filter(lambda c: (c["M0"] or c["M"]) + (c["N"] - 1) * c["M"] >= c["n"]
+          and (c["global_sample_cap"] is None or c["global_sample_cap"] >= c["n"]))  # a cap below n is refused
 pass_rates = st.lists(st.sampled_from([0.0, 1.0]) | st.floats(0.0, 1.0), min_size=1, max_size=12)
 
 

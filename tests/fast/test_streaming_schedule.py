@@ -51,3 +51,17 @@ def test_sample_seeds_are_consecutive_per_prompt_and_differ_across_prompts_and_s
     assert sample_seed(3, "a", 5) == sample_seed(3, "a", 0) + 5
     assert len({sample_seed(3, "a", 0), sample_seed(3, "b", 0), sample_seed(4, "a", 0)}) == 3
     assert sample_seed(3, "a", 100) < 2**63
+
+
+def test_a_server_with_fewer_slots_than_a_block_still_fills_every_pool():
+    """rollout.vllm.concurrency < window // 4 once started nothing (every pool empty, the step trained on no
+    group); a block now never waits for more slots than the server has."""
+    cfg = SamplerConfig(**{**CFG, "window": 8})
+    rng = np.random.default_rng(1)
+    rates = [0.2, 0.5, 0.8]
+    rewards = [(rng.random(cfg.max_samples_per_prompt) < p).astype(float).tolist() for p in rates]
+    expected = [r[: shortest_prefix(r, cfg)] for r in rewards]
+    for capacity in (1, 2):  # window // 4 = 2 slots a block wanted
+        schedule = StreamSchedule(len(rates), cfg, window=cfg.window, capacity=capacity)
+        assert _drive(schedule, rewards, random.Random(capacity), cfg.positive_threshold) == expected
+        assert schedule.idle()

@@ -250,6 +250,36 @@ def test_evaluate_accepts_checkpoints_and_hf_folders(compared):
     assert local_model_dir("tiny", "unused", checkpoint) == "tiny"  # a built-in name, for resolve_model
 
 
+def test_evaluate_defaults_to_the_training_runs_own_held_out_split(flows_env, tmp_path):
+    """A platform-trained model is scored on its run's held-out prompts, never on one it trained on: not on a
+    re-split of the profile's raw prompts (2048 + 128 with seed 0, which hold most of this run's)."""
+    import yaml
+
+    from ada_core.config import validate_config
+    from ada_core.data import load_prompts, split_prompts
+    from ada_core.run.files import CONFIG, read_generations
+    from flows.evaluate import evaluate
+    from flows.train import train
+
+    out = tmp_path / "run"
+    trained = train(TrainParams(
+        preset="grpo", steps=1, prompts_per_step=4, curate=False, register_as="held-out-policy", output_dir=str(out),
+        overrides={"sft_steps": 0, "eval_every": 0, "checkpoint_every": 0, "data.train_size": 48, "data.eval_size": 8},
+        experiment="flows-held-out"))
+    config = validate_config(yaml.safe_load((out / CONFIG).read_text()))
+    drawn = load_prompts(config.data.dataset, size=config.data.train_size + config.data.eval_size, seed=config.seed)
+    training, held_out = split_prompts(drawn, eval_size=config.data.eval_size, seed=config.seed)
+    training_ids, training_texts = {p.id for p in training}, {p.text for p in training}
+    for model in ("models:/held-out-policy/1", str(out / "checkpoints" / "step_000001")):
+        result = evaluate(EvaluateParams(model=model, k=1, experiment="flows-held-out"))
+        scored = read_generations(result["run_dir"])  # the table it logged: every prompt once at k=1
+        assert scored and not {r["prompt_id"] for r in scored} & training_ids, model
+        assert not {r["prompt"] for r in scored} & training_texts, model
+        assert result["eval_prompt_ids"] == [p.id for p in held_out] and result["trained_by_run"] == trained["run_id"]
+    with pytest.raises(ConfigError, match=r"eval_size: 9 is more than the 8 prompts"):
+        evaluate(EvaluateParams(model="models:/held-out-policy/1", eval_size=9, experiment="flows-held-out"))
+
+
 def test_sweep_runs_the_grid_under_one_parent(flows_env):
     from flows.sweep import sweep
 

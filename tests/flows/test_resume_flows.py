@@ -225,3 +225,59 @@ def test_a_flow_level_retry_resumes_from_the_last_checkpoint(resume_env, tmp_pat
     rows = read_metrics(out)
     assert [r["step"] for r in rows if "time/step_s" in r] == [1, 2, 3, 4]
     assert_one_value_per_step(client, result["run_id"], rows)
+
+
+@pytest.mark.parametrize("crash_in", ["metrics", "upload"])
+def test_a_crash_in_the_final_checkpoints_send_loses_nothing_on_resume(resume_env, tmp_path, monkeypatch, crash_in):
+    """The run crashes while the final checkpoint goes to MLflow: before its metric rows are sent, or with
+    one file of the checkpoint uploaded. The resume (nothing left to train) must still send every row and
+    every vs_samples/vs_mflops point, upload the checkpoint whole, register it, and report real metrics."""
+    from ada_core import metrics as K
+    from ada_core.run.files import RESULT
+    from flows.tracking import logger as tracking_logger
+    from flows.train import train
+
+    client, name, out, crashed = resume_env, f"crash-in-{crash_in}", tmp_path / "run", []
+    params = {**TRAIN, "steps": 2, "register_as": name, "experiment": "resume-crash"}
+    if crash_in == "metrics":
+        on_checkpoint = tracking_logger.RunLogger.on_checkpoint
+
+        def crash(self, step, path):
+            if not crashed and step == 2:
+                crashed.append(True)
+                raise RuntimeError("injected crash: sending the final checkpoint's metrics")
+            on_checkpoint(self, step, path)
+
+        monkeypatch.setattr(tracking_logger.RunLogger, "on_checkpoint", crash)
+    else:
+        upload = tracking_logger.log_checkpoint
+
+        def crash(mlflow_client, run_id, checkpoint):
+            if not crashed and checkpoint.name == "step_000002":
+                crashed.append(True)
+                mlflow_client.log_artifact(run_id, str(checkpoint / "hf" / "config.json"),
+                                           artifact_path=f"checkpoints/{checkpoint.name}/hf")
+                raise RuntimeError("injected crash: uploading the final checkpoint")
+            return upload(mlflow_client, run_id, checkpoint)
+
+        monkeypatch.setattr(tracking_logger, "log_checkpoint", crash)
+    with pytest.raises(RuntimeError, match="injected crash"):
+        train(TrainParams(**params, output_dir=str(out)))
+    run_id = json.loads((out / RUN_INFO).read_text())["mlflow_run_id"]
+
+    result = train(TrainParams(**params, resume=run_id))
+    rows = read_metrics(out)
+    expected = {k: v for r in rows if r["step"] == 2 for k, v in r.items() if k != "step"}  # step 2 and its eval
+    assert K.REWARD_MEAN in expected and K.EVAL_AVG_AT_K in expected
+    assert result["metrics"] == expected == json.loads((out / RESULT).read_text())["metrics"]
+    assert_one_value_per_step(client, run_id, rows)
+    cum = next(r for r in rows if r["step"] == 2 and K.TIME_STEP_S in r)[K.BUDGET_GENERATED_SAMPLES_CUM]
+    for axis in ("vs_samples", "vs_mflops"):
+        assert len(client.get_metric_history(run_id, f"{axis}/reward_mean")) == 2, axis
+        assert len(client.get_metric_history(run_id, f"{axis}/eval_avg_at_k")) == 2, axis  # steps 0 and 2
+    assert sorted(m.step for m in client.get_metric_history(run_id, "vs_samples/eval_avg_at_k")) == [0, int(cum)]
+    # The registered version's files are all in MLflow, byte for byte the checkpoint's.
+    assert str(result["registered_version"]) == "1"
+    local = out / "checkpoints" / "step_000002"
+    got = tracking.download_model(f"models:/{name}/1", tracking.default_tracking_uri(), tmp_path / "download")
+    assert {p.name: p.stat().st_size for p in got.iterdir()} == {p.name: p.stat().st_size for p in (local / "hf").iterdir()}

@@ -147,7 +147,7 @@ def test_bad_requests_fail_with_the_prompt_named(engine):
 @pytest.mark.parametrize("preset,schedule", [("grpo", "rounds"), ("ada-balance", "rounds"), ("ada-balance", "streaming")])
 def test_a_few_steps_train_with_the_vllm_engine(preset, schedule, vllm_server, tmp_path):
     config = build_config(preset, "tiny", overrides={
-        **SMALL, "steps": 3, "sampler": {"schedule": schedule},
+        **SMALL, "steps": 3, **({"sampler": {"schedule": schedule}} if preset != "grpo" else {}),  # GRPO has none
         "rollout": {"engine": "vllm", "vllm": {"base_url": vllm_server.base_url}}})
     state = setup(config, tmp_path / preset)
     try:

@@ -1,0 +1,23 @@
+"""MLflow's `n/a` reads each field's declared applicability (ada_core/config/applies.py), not its description."""
+
+from __future__ import annotations
+
+from ada_core.config import build_config
+from flows import tracking
+
+
+def test_mlflow_logs_what_each_run_reads_and_n_a_for_the_rest():
+    est = tracking.run_params(build_config("ada-est", "tiny"), "ada-est", "digest")
+    for key in ("N", "M", "sampler.N", "sampler.M", "sampler.unresolved", "sampler.downsample", "sampler.budget",
+                "sampler.allocation"):
+        assert est[key] != tracking.NOT_APPLICABLE, key  # the budgeted sampler reads them
+    assert est["sampler.exit_rule"] == est["sampler.window"] == tracking.NOT_APPLICABLE  # it always uses `mixed`
+    for preset in ("grpo", "ada-balance"):
+        params = tracking.run_params(build_config(preset, "tiny"), preset, "digest")
+        for key in ("sampler.budget", "sampler.allocation", "sampler.prior_strength", "sampler.forget",
+                    "sampler.skip_confidence", "sampler.explore_after", "sampler.prior_weight"):
+            assert params[key] == tracking.NOT_APPLICABLE, (preset, key)
+    grpo = tracking.run_params(build_config("grpo", "tiny"), "grpo", "digest")
+    assert (grpo["N"], grpo["M"], grpo["sampler.exit_rule"]) == ("n/a", "n/a", "n/a")
+    assert grpo["rollout.vllm.concurrency"] == grpo["distributed.cpus_per_rank"] == tracking.NOT_APPLICABLE
+    assert grpo["optim.lr"] == build_config("grpo", "tiny").optim.lr and grpo["preset"] == "grpo"  # a label: logged
