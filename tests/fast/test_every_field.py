@@ -224,7 +224,8 @@ def probe_est_history(cfg: TrainConfig, tmp_path: Path):
 
     prompts = _prompts(6)
     sampler = make_sampler(cfg.sampler, cfg.advantage)
-    return [_batch_signature(sampler.sample(prompts, BernoulliEngine(), BernoulliVerifier(), SamplingParams(max_tokens=14),
+    sampling = SamplingParams(max_tokens=14)
+    return [_batch_signature(sampler.sample(prompts, BernoulliEngine(), BernoulliVerifier(), sampling,
                                             np.random.default_rng(step))) for step in range(1, 5)]
 
 
