@@ -51,9 +51,9 @@ POOLS = {
 SMOKE = {
     "methods": ["grpo", "ada-est"], "seeds": [0], "steps": 2, "prompts_per_step": 4,
     "overrides": {"data.dataset": "arithmetic:2", "data.train_size": 400, "data.eval_size": 12, "data.curation_k": 4,
-                  "data.pass_rate_ceiling": 1.0, "sft_steps": 150, "eval_every": 1, "eval_k": 2,
-                  "checkpoint_every": 0},
-    "pools": {"standard": {}, "hard": {"data.keep_pass_rate": [0.25, 0.5]}},
+                  "sft_steps": 150, "eval_every": 1, "eval_k": 2, "checkpoint_every": 0},
+    # the band replaces the ceiling, so only the standard pool may set one (a field a run never reads is refused)
+    "pools": {"standard": {"data.pass_rate_ceiling": 1.0}, "hard": {"data.keep_pass_rate": [0.25, 0.5]}},
 }
 
 
