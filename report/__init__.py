@@ -6,6 +6,7 @@ No Prefect and no MLflow: it reads run folders through `ada_core.run.files` and
 - `curves`: a run folder as `RunCurves` (one point per step), the budget axes.
 - `tables`: the final-metrics table (mean ± std over seeds).
 - `plots`: accuracy and reward against each budget axis, per-step curves, the step-time split.
+- `configs`: every config field that differs between the variants, algorithm fields and `other`.
 - `paired`: paired differences from a reference variant at equal budget, with 95% intervals.
 - `paper_tables`: the paper's Tables A (accuracy) and B (step time), and Table C (equal budget).
 - `prompt_plot`: the prompt-ledger plot (pass rate per prompt over training).
@@ -14,6 +15,7 @@ No Prefect and no MLflow: it reads run folders through `ada_core.run.files` and
     python -m report RUN_DIR... --out OUT_DIR [--reference grpo]
 """
 
+from report.configs import config_differences, differences_markdown
 from report.curves import (
     CUMULATIVE,
     FLOPS_CUM,
@@ -36,8 +38,8 @@ from report.writer import Report, main, write_report
 
 __all__ = [
     "CUMULATIVE", "FLOPS_CUM", "PAIRED_AXES", "STEP_TIME_CUM", "TIME_SPLIT", "X_AXES", "Y_AXES", "Report", "RunCurves",
-    "count_params", "final_metrics", "load_run", "main", "mean_ci", "mean_std", "merge_rows", "paired_differences",
-    "paired_table", "paper_tables_markdown", "pass_rate_matrix", "plot_against", "plot_per_step", "plot_prompt_ledger",
-    "plot_time_split", "reference_for", "regime_of", "summary_table", "table_a", "table_b", "table_c", "value_at",
-    "write_report",
+    "config_differences", "count_params", "differences_markdown", "final_metrics", "load_run", "main", "mean_ci",
+    "mean_std", "merge_rows", "paired_differences", "paired_table", "paper_tables_markdown", "pass_rate_matrix",
+    "plot_against", "plot_per_step", "plot_prompt_ledger", "plot_time_split", "reference_for", "regime_of",
+    "summary_table", "table_a", "table_b", "table_c", "value_at", "write_report",
 ]

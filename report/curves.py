@@ -8,8 +8,9 @@ A run folder is read through `ada_core.run.files` (metrics.jsonl, run_info.json,
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -55,6 +56,8 @@ class RunCurves:
     run_dir: Path
     num_params: int | None
     points: list[dict[str, float]]
+    config: dict[str, Any] = field(default_factory=dict)
+    """The run's config.yaml ({} when it has none): the report lists where the variants' configs differ."""
 
     def series(self, x_key: str, y_key: str) -> tuple[np.ndarray, np.ndarray]:
         pts = [p for p in self.points if x_key in p and y_key in p]
@@ -130,4 +133,4 @@ def load_run(run_dir: str | Path, label: str | None = None, seed: int | None = N
     label = label or info.get("label") or config.get("preset") or run_dir.name
     seed = seed if seed is not None else int(info.get("seed", config.get("seed", 0)))
     num_params = count_params(run_dir)
-    return RunCurves(label, seed, run_dir, num_params, merge_rows(rows, num_params))
+    return RunCurves(label, seed, run_dir, num_params, merge_rows(rows, num_params), config=config or {})

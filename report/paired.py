@@ -7,6 +7,9 @@ interpolation between evaluations, and the difference is variant - reference. Ov
 mean difference gets a t-interval (mean +- t_{0.975, s-1} * sd / sqrt(s)); one seed gives no interval.
 Pairing by seed removes what the seed shares across variants (the held-out split, the prompt order,
 the start model), which is why these intervals are much tighter than the raw seed spread.
+
+A seed whose difference cannot be read (either run has no evaluation up to the common budget) is
+left out of the mean, the interval and the seed count, and the table says how many were excluded.
 """
 
 from __future__ import annotations
@@ -69,20 +72,28 @@ def paired_differences(runs: list[RunCurves], reference: str, axes: dict[str, st
         if not seeds:
             continue
         for axis, x_key in axes.items():
-            diffs, budgets = [], []
+            diffs, budgets, counted, excluded = [], [], [], []
             for seed in seeds:
                 run, ref = by_key[(label, seed)], by_key[(ref_label, seed)]
                 x = min(final_budget(run, x_key), final_budget(ref, x_key))
+                diff = value_at(run, x_key, x) - value_at(ref, x_key, x) if not math.isnan(x) else math.nan
+                if math.isnan(diff):  # a run with no evaluation at the common budget: no difference to count
+                    excluded.append(seed)
+                    continue
+                counted.append(seed)
                 budgets.append(x)
-                diffs.append(value_at(run, x_key, x) - value_at(ref, x_key, x))
+                diffs.append(diff)
             mean, half = mean_ci(diffs)
-            rows.append({"variant": label, "reference": ref_label, "axis": axis, "seeds": len(seeds),
-                         "mean_diff": mean, "ci95": half, "budget": float(np.mean(budgets)), "diffs": diffs})
+            rows.append({"variant": label, "reference": ref_label, "axis": axis, "seeds": len(counted),
+                         "mean_diff": mean, "ci95": half, "budget": float(np.mean(budgets)) if budgets else math.nan,
+                         "diffs": diffs, "counted_seeds": counted, "excluded_seeds": excluded})
     return rows
 
 
 def paired_table(rows: list[dict]) -> str:
-    """Markdown: | variant | vs | at equal | seeds | accuracy difference (95% CI) | common budget |"""
+    """Markdown: | variant | vs | at equal | seeds | accuracy difference (95% CI) | common budget |
+
+    `seeds` counts the seeds whose difference could be read; excluded ones are named next to it."""
     lines = ["| variant | vs | at equal | seeds | avg@k difference (95% CI) | common budget (mean) |",
              "|---|---|---|---|---|---|"]
     for r in rows:
@@ -94,5 +105,8 @@ def paired_table(rows: list[dict]) -> str:
             lo, hi = r["mean_diff"] - r["ci95"], r["mean_diff"] + r["ci95"]
             cell = f"{r['mean_diff']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
         budget = f"{r['budget']:.3g}" if not math.isnan(r["budget"]) else "n/a"
-        lines.append(f"| {r['variant']} | {r['reference']} | {r['axis']} | {r['seeds']} | {cell} | {budget} |")
+        excluded = r.get("excluded_seeds") or []
+        seeds = f"{r['seeds']}" + (f" ({len(excluded)} excluded: seed {', '.join(map(str, excluded))}, no value)"
+                                   if excluded else "")
+        lines.append(f"| {r['variant']} | {r['reference']} | {r['axis']} | {seeds} | {cell} | {budget} |")
     return "\n".join(lines)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ada_core import metrics as K
+from report.configs import config_differences, differences_markdown
 from report.curves import PAIRED_AXES, X_AXES, RunCurves, load_run
 from report.paired import paired_differences, paired_table
 from report.paper_tables import table_c
@@ -51,7 +52,8 @@ def write_report(runs: list[RunCurves], out_dir: str | Path, title: str = "Compa
     """Write every PNG and `report.md` into `out_dir`; return them and the markdown.
 
     With `reference` (a variant label), the report adds each other variant's paired difference from it
-    (report/paired.py) and writes them to `paired.json`."""
+    (report/paired.py) and writes them to `paired.json`. Every config field that differs between the
+    variants is listed (report/configs.py) and written to `config_differences.json`."""
     if not runs:
         raise ValueError("write_report needs at least one run")
     out = Path(out_dir)
@@ -71,7 +73,8 @@ def write_report(runs: list[RunCurves], out_dir: str | Path, title: str = "Compa
         paired_md = [
             f"Paired differences from `{reference}` (same seed and regime): held-out avg@k at the budget both "
             "runs reached, read off each eval curve by linear interpolation; mean over seeds with a 95% "
-            "t-interval (report/paired.py).",
+            "t-interval (report/paired.py). A seed with no evaluation to read at that budget is excluded "
+            "from the mean and the count, and named in the seeds column.",
             "",
             paired_table(pairs),
             "",
@@ -82,6 +85,9 @@ def write_report(runs: list[RunCurves], out_dir: str | Path, title: str = "Compa
             table_c({"this group": runs}, reference),
             "",
         ]
+    differences = config_differences(runs)
+    (out / "config_differences.json").write_text(json.dumps(differences, indent=1) + "\n")
+    files.append(out / "config_differences.json")
     params = sorted({r.num_params for r in runs if r.num_params})
     summary = "\n".join([
         f"# {title}",
@@ -92,6 +98,8 @@ def write_report(runs: list[RunCurves], out_dir: str | Path, title: str = "Compa
         "",
         summary_table(runs),
         *(["", *paired_md] if paired_md else []),
+        "",
+        differences_markdown(runs),
     ])
     report = Report(markdown="", files=files, directory=out, summary=summary)
     report.markdown = f"{summary}\n\n## Plots\n\n{report.plots_markdown()}\n"

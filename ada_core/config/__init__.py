@@ -1,7 +1,8 @@
 """Typed configs, algorithm presets and scale profiles: what every entry point validates against.
 
 - `schema`: the pydantic models (`TrainConfig` and its sections), `validate_config`, `flat_params`.
-- `presets`: the algorithm presets, the scale profiles, and `build_config`, which layers defaults <
+- `presets`: the algorithm presets (and `ALGORITHM_FIELDS`, the only fields they set), the scale
+  profiles, and `build_config`, which layers defaults <
   scale profile < preset < config file < `--set` overrides.
 - `applies`: where each field applies (`ALWAYS`, `LABEL`, `when(...)`, declared next to its description):
   MLflow's `n/a`, docs/CONFIG.md (`python -m ada_core.config`) and the refusal of a field set where it is
@@ -9,6 +10,7 @@
 """
 
 from ada_core.config.presets import (
+    ALGORITHM_FIELDS,
     PRESETS,
     PROFILES,
     build_config,
@@ -34,7 +36,7 @@ from ada_core.config.schema import (
 )
 
 __all__ = [
-    "AdvantageConfig", "CheckpointConfig", "ConfigError", "DataConfig", "DistributedConfig", "LedgerConfig",
+    "ALGORITHM_FIELDS", "AdvantageConfig", "CheckpointConfig", "ConfigError", "DataConfig", "DistributedConfig", "LedgerConfig",
     "LossConfig", "OptimConfig", "PRESETS", "PROFILES", "RolloutConfig", "SamplerConfig", "TrainConfig",
     "VLLMConfig", "build_config", "deep_merge", "flat_params", "format_validation_error", "parse_set",
     "validate_config"

@@ -18,28 +18,40 @@ import yaml
 from ada_core.config.applies import unread_set_fields
 from ada_core.config.schema import ConfigError, TrainConfig, validate_config
 
-# Each preset sets only what defines the algorithm; the comment on each value gives its source.
+# The fields that make an algorithm: the only ones a preset may set, so two presets on one profile differ
+# in these and nothing else (tests/fast/test_config.py walks every pair). Everything else (optimiser,
+# loss clipping, lengths, data) is a shared default, so a comparison of presets compares algorithms.
+# The report marks a difference between compared runs outside this list as `other` (report/configs.py).
+ALGORITHM_FIELDS = (
+    "preset",
+    "sampler.name",
+    "sampler.n",
+    "sampler.exit_rule",
+    "sampler.max_gen_batches",
+    "sampler.allocation",
+    "advantage.name",
+)
+
+# Each preset sets only what defines the algorithm; the comment on each value gives its source. Weight
+# decay is the shared default, 0 (ref Ada): verl's GRPO script uses 0.01, but giving it to the GRPO and
+# DAPO presets alone made every GRPO-vs-Ada comparison a weight-decay comparison too (docs/ALGORITHM.md).
 PRESETS: dict[str, dict[str, Any]] = {
     "grpo": {
         "sampler": {"name": "fixed", "n": 4},  # paper's GRPO baseline, n=4
         "advantage": {"name": "grpo"},  # ref GRPO script: group mean/std
-        "optim": {"weight_decay": 0.01},  # ref GRPO script (verl's default); Ada's uses 0
     },
     # The paper's larger-group GRPO rows (v3's accuracy table: n = 8 and n = 16); only n differs from grpo.
     "grpo-n8": {
         "sampler": {"name": "fixed", "n": 8},
         "advantage": {"name": "grpo"},
-        "optim": {"weight_decay": 0.01},
     },
     "grpo-n16": {
         "sampler": {"name": "fixed", "n": 16},
         "advantage": {"name": "grpo"},
-        "optim": {"weight_decay": 0.01},
     },
     "dapo": {
         "sampler": {"name": "dynamic_filter", "n": 4, "max_gen_batches": 3},  # DAPO; cap is ours
         "advantage": {"name": "grpo"},
-        "optim": {"weight_decay": 0.01},
     },
     # M and N are left to SamplerConfig's defaults (ref: M=8, N=4) so a scale profile can set them:
     # presets layer over profiles, and the `tiny` profile's M=4 would otherwise never apply.

@@ -33,7 +33,8 @@ lr * min(1, (s+1)/warmup_steps)), then constant. Weight decay applies to matrice
 biases. An empty list of groups performs no step and returns zero metrics (importance ratios 1).
 
 Device and precision follow DeepSpeed's accelerator (CUDA when torch sees a GPU, else CPU; the
-`DS_ACCELERATOR` variable forces one): the model moves to it, and `optim.precision=bf16` turns on
+`DS_ACCELERATOR` variable forces one): the model moves to it (and the frozen reference model, cast to the
+policy's dtype), and `optim.precision=bf16` turns on
 DeepSpeed's bf16 mode, which casts the shared model to bfloat16 (so the in-process rollout engine
 samples in bf16 too) and keeps fp32 master weights in the optimizer.
 """
@@ -51,6 +52,7 @@ import torch
 
 from ada_core.config import LossConfig, OptimConfig
 from ada_core.rl.losses import effective_mask, gather_logprobs, ppo_clip_loss, token_entropy
+from ada_core.errors import InputError
 from ada_core.engines.update_plan import (DIAGNOSTICS, Denominators, flatten, local_steps, plan_update,
                                           update_metrics, zero_metrics)
 from ada_core.protocols import UpdateEngine
@@ -87,11 +89,16 @@ class DeepSpeedUpdateEngine(UpdateEngine):
         # Dr. GRPO's constant length normaliser (the trainer passes rollout.max_tokens); None = the longest
         # response of each mini-batch, for direct use without a rollout config.
         self.max_response_len = max_response_len
-        self.ref_model = ref_model if (ref_model is not None and loss_cfg.kl_coef > 0) else None
-        if self.ref_model is not None:
-            self.ref_model.eval().requires_grad_(False)
+        if loss_cfg.kl_coef > 0 and ref_model is None:
+            raise ValueError(f"loss.kl_coef={loss_cfg.kl_coef:g} needs a reference model (ref_model): without one "
+                             "the KL term would silently be off")
+        self.ref_model = ref_model if loss_cfg.kl_coef > 0 else None
         self._shuffle = torch.Generator().manual_seed(seed)
         self.engine, self.optimizer, self.scheduler = _initialize(model, optim_cfg)
+        if self.ref_model is not None:
+            # Frozen, on the engine's device and in the policy's dtype (bf16 when DeepSpeed cast the policy).
+            dtype = next(self.module.parameters()).dtype
+            self.ref_model.to(device=self.engine.device, dtype=dtype).eval().requires_grad_(False)
         params = inspect.signature(self.module.forward).parameters
         self._keep_kwarg = "logits_to_keep" if "logits_to_keep" in params else None
 
@@ -150,11 +157,12 @@ class DeepSpeedUpdateEngine(UpdateEngine):
         group's `close` stops its actors."""
 
     def save(self, directory: str | Path) -> Path:
-        """Optimizer, scheduler, step counters and the shuffle RNG (HF weights are saved by the trainer)."""
+        """Optimizer, scheduler, step counters and the shuffle RNG (HF weights are saved by the trainer),
+        as tensors and plain values only (`save_state`)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         state = {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": optimizer_state(self.optimizer),
             "scheduler": self.scheduler.state_dict(),
             "global_steps": self.engine.global_steps,
             "global_samples": self.engine.global_samples,
@@ -163,7 +171,7 @@ class DeepSpeedUpdateEngine(UpdateEngine):
             "precision": self.optim_cfg.precision,
             "world_size": self.world_size,
         }
-        torch.save(state, directory / _STATE_FILE)
+        save_state(state, directory / _STATE_FILE)
         return directory
 
     def load(self, directory: str | Path, every_rank: list[str | Path] | None = None) -> None:
@@ -173,8 +181,7 @@ class DeepSpeedUpdateEngine(UpdateEngine):
         path = Path(directory) / _STATE_FILE
         if not path.is_file():
             raise FileNotFoundError(f"no update-engine state at {path}")
-        # Our own file; DeepSpeed's ZeRO optimizer state holds plain Python objects, so not weights_only.
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = load_state(path)
         check_world_size(path, state.get("world_size", 1), self.world_size)
         if state["zero_stage"] != self.optim_cfg.zero_stage:
             raise ValueError(f"{path} was saved with ZeRO stage {state['zero_stage']}, but optim.zero_stage="
@@ -189,7 +196,7 @@ class DeepSpeedUpdateEngine(UpdateEngine):
             # weights rather than re-deriving them from the (bf16) module weights
             folders = [Path(p) for p in every_rank] if every_rank is not None else [Path(directory)]
             partitions = [state["optimizer"] if f == Path(directory) else
-                          torch.load(f / _STATE_FILE, map_location="cpu", weights_only=False)["optimizer"] for f in folders]
+                          load_state(f / _STATE_FILE)["optimizer"] for f in folders]
             self.optimizer.load_state_dict(partitions, load_optimizer_states=True, load_from_fp32_weights=True)
         self.scheduler.load_state_dict(state["scheduler"])
         self.engine.global_steps = state["global_steps"]
@@ -309,6 +316,74 @@ def collate(seqs: list[dict], pad_token_id: int, device: torch.device | str = "c
         "keep": torch.tensor([1.0 if s.get("keep", True) else 0.0 for s in seqs]),
     }
     return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in out.items()}
+
+
+class UnsafeStateError(InputError, ValueError):
+    """A state file that holds more than tensors and plain values: it is not unpickled (that could run code)."""
+
+
+# Keys of DeepSpeed's ZeRO and bf16 optimizer state that hold Python objects its `load_state_dict` does
+# not need: the loss scaler (a static scale of 1 in fp32 and bf16, which the optimizer re-creates when
+# it is built and keeps when the key is absent) and the parameter slice mappings (read only by
+# DeepSpeed's offline universal-checkpoint conversion).
+_OBJECT_KEYS = ("loss_scaler", "param_slice_mappings")
+
+
+def optimizer_state(optimizer) -> dict:
+    """The optimizer's state dict without `_OBJECT_KEYS`, so `save_state` can write it."""
+    return {k: v for k, v in optimizer.state_dict().items() if k not in _OBJECT_KEYS}
+
+
+def plain(value, where: str = "state"):
+    """`value` as tensors, numbers, strings, None and lists, tuples and dicts of them: what
+    `torch.load(weights_only=True)` reads back without running code. Enums (DeepSpeed's ZeRO stage)
+    become their values; anything else is a TypeError naming where it is."""
+    import enum
+
+    if value is None or isinstance(value, torch.Tensor | bool | str):
+        return value
+    if isinstance(value, enum.Enum):
+        return plain(value.value, where)
+    if isinstance(value, int | float):
+        return value
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str | int):
+                raise TypeError(f"{where}: key {key!r} is a {type(key).__name__}, not a str or int")
+            out[key] = plain(item, f"{where}.{key}")
+        return out
+    if isinstance(value, list | tuple):
+        return type(value)(plain(item, f"{where}[{i}]") for i, item in enumerate(value))
+    raise TypeError(f"{where}: a {type(value).__module__}.{type(value).__name__} is not a tensor or plain value")
+
+
+def save_state(state: dict, path: Path) -> None:
+    """`state` (see `plain`) to `path` with torch.save; `load_state` reads it with weights_only=True."""
+    torch.save(plain(state), path)
+
+
+def load_state(path: Path):
+    """A file `save_state` wrote, read with `torch.load(weights_only=True)`: tensors and plain values only.
+    A file that needs more (one written before checkpoints were tensors-only, or not by this platform)
+    is refused with `UnsafeStateError` rather than unpickled."""
+    import pickle
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UnsafeStateError(
+            f"{path} holds Python objects besides tensors and plain values, so it is not loaded (unpickling it "
+            "could run code): it was written before checkpoints were tensors-only, or not by this platform. "
+            f"Start the run again from its config, or from its checkpoint's hf/ weights ({first})") from None
+
+
+def load_reference(reference_dir: str | Path):
+    """The frozen reference policy in `reference_dir` (float32 on the CPU; the engine moves and casts it)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32).eval().requires_grad_(False)
 
 
 def check_world_size(path: Path, saved: int, current: int) -> None:

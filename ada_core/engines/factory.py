@@ -2,6 +2,8 @@
 
     update engine   distributed.num_ranks = 1: DeepSpeedUpdateEngine in this process
                                         N: RankGroup, N DeepSpeed ranks as Ray actors
+                    loss.kl_coef > 0: each holds the frozen reference policy, loaded from the folder
+                                      the trainer names (the run's initial weights), on its device
     rollout engine  rollout.engine = transformers: the update engine's own (`UpdateEngine.rollout_engine`:
                                      the shared module, or split across the ranks)
                                      vllm, one server: VLLMRolloutEngine (launched here, or `base_url`)
@@ -19,21 +21,29 @@ from typing import Any
 from ada_core.protocols import RolloutEngine, UpdateEngine
 
 
-def build_update_engine(config, model, model_dir: Path, pad_token_id: int, log_dir: Path) -> UpdateEngine:
+def build_update_engine(config, model, model_dir: Path, pad_token_id: int, log_dir: Path,
+                        reference_dir: Path | None = None) -> UpdateEngine:
     """The update engine `config` (a TrainConfig) asks for: one in-process DeepSpeedUpdateEngine on
     `model`, or with `distributed.num_ranks > 1` a RankGroup whose ranks load `model_dir` (the same
-    weights) and whose driver copy is `model`."""
-    from ada_core.engines.deepspeed_engine import DeepSpeedUpdateEngine
+    weights) and whose driver copy is `model`.
 
+    With `loss.kl_coef > 0`, `reference_dir` is the frozen reference policy's folder (the run's initial
+    weights, ada_core/run/reference.py): every rank loads it and the engine moves it to its device."""
+    from ada_core.engines.deepspeed_engine import DeepSpeedUpdateEngine, load_reference
+
+    if config.loss.kl_coef > 0 and reference_dir is None:
+        raise ValueError(f"loss.kl_coef={config.loss.kl_coef:g} needs the reference policy's folder (reference_dir)")
+    reference_dir = reference_dir if config.loss.kl_coef > 0 else None
     total_steps = config.steps * config.optim.mini_batches * config.optim.ppo_epochs
     common = dict(total_steps=total_steps, pad_token_id=pad_token_id, seed=config.seed,
                   temperature=config.rollout.temperature, max_response_len=config.rollout.max_tokens)
     if config.distributed.num_ranks == 1:
-        return DeepSpeedUpdateEngine(model, config.loss, config.optim, **common)
+        ref_model = load_reference(reference_dir) if reference_dir is not None else None
+        return DeepSpeedUpdateEngine(model, config.loss, config.optim, ref_model=ref_model, **common)
     from ada_core.engines.rank_group import RankGroup
 
     return RankGroup(model, model_dir, config.loss, config.optim, config.distributed, log_dir=log_dir,
-                     rollout_micro_batch_size=config.rollout.micro_batch_size, **common)
+                     rollout_micro_batch_size=config.rollout.micro_batch_size, reference_dir=reference_dir, **common)
 
 
 def build_rollout_engine(config, model_dir: Path, updater: UpdateEngine, tokenizer, output_dir: Path,

@@ -12,7 +12,9 @@ ranks. Built in one place (`RankGroup.__init__`), torn down in one place (`close
    shows the cluster's resources.
 3. One actor per bundle. Rank 0 picks the rendezvous port on its node; every rank gets RANK,
    WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, then builds its own DeepSpeedUpdateEngine
-   (gloo on CPU, nccl on CUDA). Each rank's stdout and stderr go to `<log_dir>/rank_<r>.log`.
+   (gloo on CPU, nccl on CUDA), with the frozen reference policy loaded from `reference_dir` when
+   `loss.kl_coef > 0` (the run's initial weights; like the model folder, on a shared file system).
+   Each rank's stdout and stderr go to `<log_dir>/rank_<r>.log`.
 
 An update is two rounds of actor calls: every rank recomputes the old log-probs of its share of the
 step's sequences, then every rank runs the planned optimizer steps (`update_plan`) on its share of
@@ -46,7 +48,8 @@ from typing import Any
 
 import torch
 
-from ada_core.engines.deepspeed_engine import _STATE_FILE, DeepSpeedUpdateEngine, check_world_size
+from ada_core.engines.deepspeed_engine import (_STATE_FILE, DeepSpeedUpdateEngine, check_world_size, load_reference,
+                                              load_state, save_state)
 from ada_core.engines.update_plan import (balance_by_tokens, flatten, local_steps, plan_update, update_metrics,
                                           zero_metrics)
 from ada_core.protocols import SamplingParams, UpdateEngine
@@ -118,7 +121,7 @@ class RankWorker:
         return ip, port, ray.get_runtime_context().get_node_id()
 
     def setup(self, env: dict[str, str], model_dir: str, loss_cfg, optim_cfg, engine_kwargs: dict[str, Any],
-              rollout_micro_batch_size: int) -> int:
+              rollout_micro_batch_size: int, reference_dir: str | None = None) -> int:
         from ada_core.engines.transformers_engine import TransformersRolloutEngine
         from ada_core.models import load_policy
 
@@ -127,7 +130,8 @@ class RankWorker:
         log.info("rank %d of %d: loading %s (MASTER %s:%s)", self.rank, self.world_size, model_dir,
                  env["MASTER_ADDR"], env["MASTER_PORT"])
         model, tokenizer = load_policy(model_dir)
-        self.engine = DeepSpeedUpdateEngine(model, loss_cfg, optim_cfg, **engine_kwargs)
+        ref_model = load_reference(reference_dir) if reference_dir is not None else None
+        self.engine = DeepSpeedUpdateEngine(model, loss_cfg, optim_cfg, ref_model=ref_model, **engine_kwargs)
         if self.engine.world_size != self.world_size:
             raise RuntimeError(f"rank {self.rank} joined a process group of {self.engine.world_size} ranks, "
                                f"expected {self.world_size}")
@@ -166,7 +170,8 @@ class RankGroup(UpdateEngine):
 
     def __init__(self, module, model_dir: str | Path, loss_cfg, optim_cfg, distributed, *, total_steps: int,
                  pad_token_id: int, log_dir: str | Path, seed: int = 0, temperature: float = 1.0,
-                 max_response_len: int | None = None, rollout_micro_batch_size: int = 64):
+                 max_response_len: int | None = None, rollout_micro_batch_size: int = 64,
+                 reference_dir: str | Path | None = None):
         if distributed.num_ranks < 2:
             raise ValueError("RankGroup needs distributed.num_ranks >= 2; one rank runs in-process")
         if optim_cfg.zero_stage == 3:
@@ -185,6 +190,7 @@ class RankGroup(UpdateEngine):
         self._actors: list[Any] = []
         self._ray_pids: list[int] = []
         self.rank_pids: list[int] = []
+        self._reference_dir = str(reference_dir) if reference_dir is not None else None
         self._weights_dir = Path(tempfile.mkdtemp(prefix="ada-rank-weights-", dir=_shm_root()))
         engine_kwargs = dict(total_steps=total_steps, pad_token_id=pad_token_id, seed=seed, temperature=temperature,
                              max_response_len=max_response_len)
@@ -241,7 +247,8 @@ class RankGroup(UpdateEngine):
                 "LOCAL_RANK": "0" if cfg.gpus_per_rank > 0 else str(local),
             })
         self.rank_pids = self._gather(
-            [a.setup.remote(envs[r], model_dir, self.loss_cfg, self.optim_cfg, engine_kwargs, rollout_micro_batch_size)
+            [a.setup.remote(envs[r], model_dir, self.loss_cfg, self.optim_cfg, engine_kwargs, rollout_micro_batch_size,
+                            self._reference_dir)
              for r, a in enumerate(self._actors)], "setup", timeout=cfg.startup_timeout_s)
         log.info("%d training ranks up in %.1fs (rendezvous %s:%d, logs in %s)", self.num_ranks,
                  time.perf_counter() - started, master_addr, master_port, self.log_dir)
@@ -329,7 +336,7 @@ class RankGroup(UpdateEngine):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self._gather([a.save.remote(str(directory / f"rank_{r}")) for r, a in enumerate(self._actors)], "save")
-        torch.save({"world_size": self.num_ranks, "shuffle_rng": self._shuffle.get_state(),
+        save_state({"world_size": self.num_ranks, "shuffle_rng": self._shuffle.get_state(),
                     "global_steps": self._steps, "zero_stage": self.optim_cfg.zero_stage,
                     "precision": self.optim_cfg.precision}, directory / _STATE_FILE)
         return directory
@@ -338,7 +345,7 @@ class RankGroup(UpdateEngine):
         path = Path(directory) / _STATE_FILE
         if not path.is_file():
             raise FileNotFoundError(f"no update-engine state at {path}")
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = load_state(path)
         check_world_size(path, state.get("world_size", 1), self.num_ranks)
         folders = [str(Path(directory) / f"rank_{r}") for r in range(self.num_ranks)]
         self._gather([a.load.remote(folders[r], folders) for r, a in enumerate(self._actors)], "load")

@@ -3,9 +3,10 @@
 - `files`: the folder's file names and their readers (metrics, generations, run info, result).
 - `folder`: claiming a folder (a second run into a used folder is refused; `--overwrite` moves it aside).
 - `checkpoints`: sha256 manifests, verification on resume, fallback and pruning.
+- `reference`: a KL run's initial weights, kept in the run folder so a resume finds them.
 - `ledger`: the prompt ledger in SQL (SQLite or PostgreSQL), one row per (step, prompt).
 
 Modules are imported by name: `ledger` loads SQLAlchemy and Alembic.
 """
 
-__all__ = ["checkpoints", "files", "folder", "ledger"]
+__all__ = ["checkpoints", "files", "folder", "ledger", "reference"]

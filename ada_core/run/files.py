@@ -4,6 +4,7 @@
     metrics.jsonl          one line per step (and per evaluation), keys from ada_core.metrics
     generations.jsonl      sampled eval generations every E steps
     checkpoints/step_N/    ada_core.run.checkpoints
+    reference/             a KL run's initial weights, its frozen reference (ada_core.run.reference)
     ledger.json            the prompt ledger's run id and database (ada_core.run.ledger)
     run_info.json          written by the flows: label, seed, num_params, the MLflow run
     result.json            the train flow's return value, written last: the run finished
@@ -28,6 +29,7 @@ CHECKPOINTS = "checkpoints"
 RUN_INFO = "run_info.json"
 RESULT = "result.json"
 LEDGER = "ledger.json"
+REFERENCE = "reference"
 PER_STEP_FILES = (METRICS, GENERATIONS)  # rows keyed by "step"; trimmed on resume
 
 

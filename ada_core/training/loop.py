@@ -7,7 +7,10 @@ task-wrapped versions of the same step functions through `StepFunctions`, so the
 The run folder's files are named and read in ada_core/run/files.py.
 
 Resume takes the newest checkpoint whose files match their manifest (ada_core/run/checkpoints.py) and
-trims every per-step file (metrics.jsonl, generations.jsonl) back to its step.
+trims every per-step file (metrics.jsonl, generations.jsonl) back to its step. With `loss.kl_coef > 0`
+the frozen reference policy is the run's initial weights, kept in the run folder's `reference/`
+(ada_core/run/reference.py), so a resume restores the reference the run started with, not the
+checkpoint's current weights.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from ada_core import metrics as K
 from ada_core.config import TrainConfig
 from ada_core.data import run_split
 from ada_core.data.source import PromptSource
+from ada_core.engines.deepspeed_engine import load_state
 from ada_core.engines.factory import build_rollout_engine, build_update_engine
 from ada_core.errors import DatasetError
 from ada_core.models import encode_prompts, load_policy
@@ -42,6 +46,7 @@ from ada_core.run.checkpoints import (
     CheckpointChoice, NoCheckpoint, latest_good_checkpoint, mark_complete, prune_checkpoints,
 )
 from ada_core.run.folder import check_run_dir, claim_run_dir
+from ada_core.run.reference import keep_reference, reference_of
 from ada_core.run.ledger import Ledger
 from ada_core.sampling import make_sampler
 from ada_core.training.start import start_model
@@ -132,6 +137,8 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
     if choice is not None and choice.rejected:
         log.warning("--resume %s: %s", resume, choice.describe())
     check_run_dir(output_dir, resume=resume, overwrite=overwrite)  # refuse early; claimed once inputs are read
+    # A KL run's reference is its initial weights (ada_core/run/reference.py); a resume needs them whole.
+    saved_reference = reference_of(Path(resume)) if checkpoint is not None and config.loss.kl_coef > 0 else None
     _seed_everything(config.seed)
 
     train_prompts, eval_prompts = run_split(config.data, config.seed)
@@ -147,7 +154,12 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
     if moved is not None:
         log.warning("moved the run that was in %s aside to %s", output_dir, moved)
 
-    updater = build_update_engine(config, model, model_dir, tokenizer.pad_token_id, log_dir=output_dir / "ranks")
+    reference_dir = None
+    if config.loss.kl_coef > 0:
+        same_run = saved_reference is not None and saved_reference.parent.resolve() == output_dir.resolve()
+        reference_dir = saved_reference if same_run else keep_reference(saved_reference or model_dir, output_dir)
+    updater = build_update_engine(config, model, model_dir, tokenizer.pad_token_id, log_dir=output_dir / "ranks",
+                                  reference_dir=reference_dir)
     step = _checkpoint_step(checkpoint) if checkpoint is not None else 0
     try:
         rollout = build_rollout_engine(config, model_dir, updater, tokenizer, output_dir, weight_version=step)
@@ -305,7 +317,7 @@ def _restore(state: RunState, checkpoint: Path) -> None:
     random.setstate(_python_rng(saved["python_rng"]))
     if saved.get("sampler") is not None:
         state.sampler.load_state_dict(saved["sampler"])
-    torch.set_rng_state(torch.load(checkpoint / "torch_rng.pt"))
+    torch.set_rng_state(load_state(checkpoint / "torch_rng.pt"))
     state.updater.load(checkpoint / "optimizer")
     for name in files.PER_STEP_FILES:
         files.trim_jsonl(checkpoint.parents[1] / name, state.output_dir / name, state.step)
@@ -316,7 +328,10 @@ def step_metrics(state: RunState, batch: RolloutBatch, update: dict[str, float],
     """Merge the sampler's and the update's metrics with the run totals and the time split."""
     out = dict(batch.metrics)
     out.update(update)
-    out[K.BUDGET_LOGPROB_TOKENS] = out.get(K.BUDGET_TRAINED_TOKENS, 0.0)  # one old-log-prob recompute
+    # One no-grad forward over the trained tokens for the old log-probs, and one more through the
+    # frozen reference policy when the KL term is on.
+    passes = 2 if state.config.loss.kl_coef > 0 else 1
+    out[K.BUDGET_LOGPROB_TOKENS] = passes * out.get(K.BUDGET_TRAINED_TOKENS, 0.0)
     for per_step, cum in CUMULATIVE.items():
         state.totals[cum] += out.get(per_step, 0.0)
     out.update(state.totals)

@@ -31,6 +31,49 @@ OnKilled = Callable[[str, str], Any]  # (Prefect flow run id, reason), called fo
 
 
 # ---------------------------------------------------------------------------------------------
+# Filter strings: a value is quoted, never pasted
+
+
+def equals_filter(field: str, value: str) -> str:
+    """An MLflow filter clause `field = value` that MLflow's parser reads back as exactly `value`.
+
+    The parser has no escape for a quote inside a quoted value (`''` and `\\'` are taken literally),
+    so the value goes in single quotes, or in double quotes when it holds a `'`. A value with both is
+    matched with LIKE, each quote (and `\\`, PostgreSQL's LIKE escape) as the one-character wildcard;
+    that can match more runs, so callers keep only the exact ones (`search_equal`).
+    """
+    return _clause(field, value)[0]
+
+
+def _clause(field: str, value: str) -> tuple[str, bool]:
+    """(`equals_filter`'s clause, whether it matches `value` exactly)."""
+    if "'" not in value:
+        return f"{field} = '{value}'", True
+    if '"' not in value:
+        return f'{field} = "{value}"', True
+    pattern = value.replace("'", "_").replace('"', "_").replace("\\", "_")
+    return f"{field} LIKE '{pattern}'", False
+
+
+def search_equal(client: MlflowClient, experiment_ids: list[str], kind: str, key: str, value: str,
+                 order_by: list[str] | None = None, max_results: int = 1) -> list[Any]:
+    """Runs whose `kind` (`params` or `tags`) `key` is exactly `value`, at most `max_results`.
+    The key is back-quoted and the value quoted by `equals_filter`, so a `'` in a path or id cannot
+    break (or widen) the search."""
+    if kind not in ("params", "tags"):
+        raise ValueError(f"search_equal: kind must be params or tags, not {kind!r}")
+    if "`" in key:
+        raise ValueError(f"search_equal: a key cannot hold a backquote: {key!r}")
+    clause, exact = _clause(f"{kind}.`{key}`", value)
+    runs = client.search_runs(experiment_ids, clause, order_by=order_by,
+                              max_results=max_results if exact else max(1000, max_results))
+    if not exact:
+        field = (lambda run: run.data.params) if kind == "params" else (lambda run: run.data.tags)
+        runs = [run for run in runs if field(run).get(key) == value][:max_results]
+    return list(runs)
+
+
+# ---------------------------------------------------------------------------------------------
 # Is the owner alive?
 
 
@@ -125,7 +168,7 @@ def run_of_folder(path: Path, client: MlflowClient, experiment: str) -> str | No
     exp = client.get_experiment_by_name(experiment)  # killed before run_info.json: find it by its run_dir
     if exp is None:
         return None
-    runs = client.search_runs([exp.experiment_id], f"params.run_dir = '{path}'", max_results=1)
+    runs = search_equal(client, [exp.experiment_id], "params", "run_dir", str(path))
     return runs[0].info.run_id if runs else None
 
 
@@ -134,7 +177,7 @@ def run_of_flow_run(client: MlflowClient, experiment: str, flow_run_id: str | No
     exp = client.get_experiment_by_name(experiment) if flow_run_id else None
     if exp is None:
         return None
-    runs = client.search_runs([exp.experiment_id], f"tags.`{FLOW_RUN}` = '{flow_run_id}'", max_results=1)
+    runs = search_equal(client, [exp.experiment_id], "tags", FLOW_RUN, str(flow_run_id))
     if not runs or not runs[0].data.params.get("run_dir"):
         return None
     return ResumeTarget(Path(runs[0].data.params["run_dir"]), runs[0].info.run_id)
@@ -160,8 +203,8 @@ def resume_target(tracking_uri: str, experiment: str, resume: str | None = None,
 
 def child_result(client: MlflowClient, experiment_id: str, flow_run_id: UUID, tracking_uri: str) -> dict[str, Any]:
     """What `train` returns, rebuilt from the MLflow run its flow run logged (tag `prefect.flow_run_id`)."""
-    runs = client.search_runs([experiment_id], f"tags.`{FLOW_RUN}` = '{flow_run_id}'",
-                              order_by=["attributes.start_time DESC"], max_results=1)
+    runs = search_equal(client, [experiment_id], "tags", FLOW_RUN, str(flow_run_id),
+                        order_by=["attributes.start_time DESC"])
     if not runs:
         raise RuntimeError(f"flow run {flow_run_id} completed but logged no MLflow run in experiment {experiment_id}")
     run = runs[0]

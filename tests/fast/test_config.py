@@ -124,3 +124,21 @@ def test_parse_set_rejects_malformed(assignments, match):
 def test_flat_params_are_dotted():
     params = flat_params(build_config("ada-balance", "tiny"))
     assert params["sampler.M"] == 4 and params["advantage.name"] == "global_mean" and params["seed"] == 0
+
+
+def test_presets_differ_only_in_the_algorithm():
+    """Two presets on one profile differ in ALGORITHM_FIELDS and nothing else (weight decay included),
+    so a comparison of presets compares algorithms."""
+    from itertools import combinations
+
+    from ada_core.config import ALGORITHM_FIELDS
+    from flows.params import flatten_dotted
+
+    for preset, values in PRESETS.items():
+        extra = set(flatten_dotted(values)) - set(ALGORITHM_FIELDS)
+        assert not extra, f"preset {preset} sets {sorted(extra)}, which are not algorithm fields"
+    for profile in PROFILES:
+        built = {p: flat_params(build_config(p, profile)) for p in PRESETS}
+        for a, b in combinations(PRESETS, 2):
+            differ = {k for k in built[a] if built[a][k] != built[b][k]}
+            assert differ <= set(ALGORITHM_FIELDS), (profile, a, b, sorted(differ - set(ALGORITHM_FIELDS)))

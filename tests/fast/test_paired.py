@@ -85,3 +85,14 @@ def test_compare_regimes_are_checked():
         CompareParams(regimes=["pool", "pool"])
     with pytest.raises(ValueError):
         CompareParams(regimes=["sometimes"])
+
+
+def test_seeds_without_a_difference_are_excluded_and_counted():
+    # Seed 2's variant never evaluated: its difference is NaN, so it is left out and the table says so.
+    runs = [curve("grpo", s, [0.1, 0.2, 0.4], 10) for s in (0, 1, 2)]
+    runs += [curve("ada", s, [0.1, 0.3, 0.5 + 0.1 * s], 10) for s in (0, 1)]
+    runs.append(RunCurves("ada", 2, Path("."), None, merge_rows([{"step": 1, K.BUDGET_GENERATED_SAMPLES: 10.0}])))
+    row = paired_differences(runs, "grpo", {"step": "step"})[0]
+    assert row["seeds"] == 2 and row["counted_seeds"] == [0, 1] and row["excluded_seeds"] == [2]
+    assert row["diffs"] == pytest.approx([0.1, 0.2]) and row["mean_diff"] == pytest.approx(0.15)
+    assert "| ada | grpo | step | 2 (1 excluded: seed 2, no value) | +0.150 [" in paired_table([row])

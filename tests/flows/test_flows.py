@@ -169,6 +169,11 @@ def test_report_is_on_the_parent_run_and_a_prefect_artifact(compared):
     for child in summary["children"]:  # every child listed; SQLite has no MLflow UI, so ids, not links
         assert f"`{child['variant']}` seed {child['seed']}: MLflow run `" in artifacts[0].data
     assert "## Plots" in artifacts[0].data and "`accuracy_reward_vs_generated_samples.png`" in artifacts[0].data
+    # Every config difference between the variants is listed: the algorithm, and the matched control's batch.
+    assert "## Config differences between variants" in artifacts[0].data
+    assert "| `sampler.name` | algorithm |" in artifacts[0].data
+    assert "| `prompts_per_step` | **other** |" in artifacts[0].data
+    assert "config_differences.json" in files
     assert "![accuracy_reward_vs_compute](accuracy_reward_vs_compute.png)" in markdown  # report.md shows its plots
 
 

@@ -307,6 +307,17 @@ def test_kl_to_reference_is_zero_then_grows(make_updater, tiny, prompts):
     assert second[K.TRAIN_KL_REF] > 1e-5
 
 
+def test_the_reference_follows_the_engine_and_is_never_silently_missing(make_updater, tiny):
+    model, _ = tiny
+    updater = make_updater(loss=LossConfig(kl_coef=0.1), ref_model=copy.deepcopy(model), precision="bf16")
+    ref = next(updater.ref_model.parameters())
+    # On the engine's device (CUDA when there is one) and in the policy's dtype, frozen.
+    assert ref.device == next(updater.module.parameters()).device == torch.device(updater.engine.device)
+    assert ref.dtype == next(updater.module.parameters()).dtype == torch.bfloat16 and not ref.requires_grad
+    with pytest.raises(ValueError, match="kl_coef=0.1 needs a reference model"):
+        make_updater(loss=LossConfig(kl_coef=0.1))
+
+
 def test_save_load_round_trips_optimizer_and_resumes_identically(make_updater, tiny, prompts, tmp_path):
     _, tokenizer = tiny
     a = make_updater(mini_batches=2, warmup_steps=3)
@@ -325,7 +336,7 @@ def test_save_load_round_trips_optimizer_and_resumes_identically(make_updater, t
     assert ma[K.TRAIN_LR] == mb[K.TRAIN_LR] == pytest.approx(1e-3)
     wa, wb = _weights(a.module), _weights(b.module)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
-    saved = torch.load(tmp_path / "opt" / "update_engine.pt", weights_only=False)
+    saved = torch.load(tmp_path / "opt" / "update_engine.pt", weights_only=True)
     torch.save({**saved, "zero_stage": 2}, tmp_path / "opt" / "update_engine.pt")
     with pytest.raises(ValueError, match="saved with ZeRO stage 2"):
         b.load(tmp_path / "opt")
@@ -384,6 +395,8 @@ def test_bf16_zero_2_update_on_cpu_and_resume(make_updater, tiny, prompts, tmp_p
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert all(torch.isfinite(v).all() for v in after.values())
     a.save(tmp_path / "opt")
+    # DeepSpeed's ZeRO/bf16 optimizer state is saved as tensors and plain values only.
+    assert torch.load(tmp_path / "opt" / "update_engine.pt", weights_only=True)["optimizer"]
     b = make_updater(zero_stage=2, precision="bf16", mini_batches=2, weights=after)
     b.load(tmp_path / "opt")
     groups = _groups(a, tokenizer, prompts, seed=112)
@@ -395,3 +408,29 @@ def test_bf16_zero_2_update_on_cpu_and_resume(make_updater, tiny, prompts, tmp_p
         make_updater(zero_stage=2).load(tmp_path / "opt")
 
 
+
+
+class _Payload:
+    """Unpickling this runs code: it creates `path`."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        import pathlib
+
+        return (pathlib.Path.touch, (pathlib.Path(self.path),))
+
+
+def test_a_state_file_with_python_objects_is_refused_not_unpickled(make_updater, tmp_path):
+    from ada_core.engines.deepspeed_engine import UnsafeStateError
+    from ada_core.errors import InputError
+
+    updater = make_updater()
+    updater.save(tmp_path / "opt")
+    marker = tmp_path / "code-ran"
+    path = tmp_path / "opt" / "update_engine.pt"
+    torch.save({**torch.load(path, weights_only=True), "optimizer": _Payload(marker)}, path)
+    with pytest.raises(UnsafeStateError, match="update_engine.pt holds Python objects") as err:
+        updater.load(tmp_path / "opt")
+    assert isinstance(err.value, InputError) and not marker.exists()

@@ -7,9 +7,11 @@ import math
 
 import pytest
 import torch
+from support import SMALL
 from support import tiny_config as _config
 
 from ada_core import metrics as K
+from ada_core.config import build_config
 from ada_core.run.checkpoints import latest_checkpoint
 from ada_core.run.files import read_metrics
 from ada_core.training import run_steps, setup
@@ -85,3 +87,77 @@ def test_resume_gives_the_same_next_prompts(tmp_path):
         resumed.close()
 
 
+
+
+# --- loss.kl_coef through setup: the reference is the run's initial weights -----------------------
+
+# No SFT warm start (every advantage 0 on the untrained model): the entropy bonus gives each step a
+# gradient, so the policy leaves its initial weights and the KL term has something to pull back.
+def _kl_config(steps: int, kl_coef: float):
+    """SMALL's data and batch, no evaluation, one checkpoint at the end."""
+    return build_config("grpo", "tiny", overrides={
+        "steps": steps, "prompts_per_step": SMALL["prompts_per_step"], "data": SMALL["data"], "sft_steps": 0,
+        "eval_every": 0, "checkpoint_every": 0, "ledger": {"enabled": False},
+        "loss": {"entropy_coef": 0.05, "kl_coef": kl_coef}})
+
+
+def _weights(module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def _kl_run(out, kl_coef: float, steps: int = 2):
+    """A run with nothing injected; returns its initial and final weights."""
+    state = setup(_kl_config(steps, kl_coef), out)
+    try:
+        initial = _weights(state.updater.module)
+        run_steps(state)
+        return initial, _weights(state.updater.module)
+    finally:
+        state.close()
+
+
+@pytest.fixture(scope="module")
+def kl_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("kl")
+    return root, _kl_run(root / "off", 0.0), _kl_run(root / "on", 1.0)
+
+
+def test_kl_coef_builds_the_reference_and_changes_the_update(kl_runs):
+    root, (initial_off, final_off), (initial_on, final_on) = kl_runs
+    assert all(torch.equal(initial_off[k], initial_on[k]) for k in initial_off), "the two runs must start alike"
+    kl = {r["step"]: r[K.TRAIN_KL_REF] for r in read_metrics(root / "on") if K.TRAIN_KL_REF in r}
+    # Step 1 trains the initial weights against themselves (KL 0 exactly where the reference is the start);
+    # step 2 trains weights that moved.
+    assert kl[1] < 1e-9 < kl[2], kl
+    assert all(r[K.TRAIN_KL_REF] == 0.0 for r in read_metrics(root / "off") if K.TRAIN_KL_REF in r)
+    for name, passes in (("off", 1), ("on", 2)):  # the reference's forward is compute the budget counts
+        rows = [r for r in read_metrics(root / name) if K.TRAIN_LOSS in r]
+        assert all(r[K.BUDGET_LOGPROB_TOKENS] == passes * r[K.BUDGET_TRAINED_TOKENS] > 0 for r in rows), name
+    assert any(not torch.equal(final_on[k], final_off[k]) for k in final_on), "kl_coef changed no weight"
+    assert (root / "on" / "reference" / "COMPLETE").is_file() and not (root / "off" / "reference").exists()
+
+
+def test_a_resumed_kl_run_keeps_its_initial_weights_as_reference(kl_runs, tmp_path):
+    from ada_core.run.reference import ReferenceWeightsError
+
+    root, _, (initial, final) = kl_runs
+    config = _kl_config(3, 1.0)
+    resumed = setup(config, tmp_path / "resumed", resume=root / "on")
+    try:
+        ref = _weights(resumed.updater.ref_model)
+        assert all(torch.equal(ref[k], initial[k]) for k in initial), "the reference is not the initial weights"
+        assert any(not torch.equal(ref[k], final[k]) for k in final)
+        run_steps(resumed)
+    finally:
+        resumed.close()
+    assert read_metrics(tmp_path / "resumed")[-1][K.TRAIN_KL_REF] > 0
+    assert (tmp_path / "resumed" / "reference" / "COMPLETE").is_file()  # it can be resumed in turn
+
+    # A KL run whose initial weights are gone cannot resume against them: refused before anything is written.
+    import shutil
+
+    shutil.copytree(root / "on", tmp_path / "lost")
+    shutil.rmtree(tmp_path / "lost" / "reference")
+    with pytest.raises(ReferenceWeightsError, match="needs the run's initial weights"):
+        setup(config, tmp_path / "again", resume=tmp_path / "lost")
+    assert not (tmp_path / "again").exists()

@@ -79,8 +79,9 @@ def test_two_rank_training_resumes_identically_and_leaves_no_process(tmp_path):
     overrides = {"steps": 3, "prompts_per_step": 6, "eval_every": 0, "checkpoint_every": 2, "sft_steps": 0,
                  "data": {"train_size": 64, "eval_size": 8}, "optim": {"micro_batch_size": 8},
                  # Without the SFT warm start the tiny model scores 0, so every advantage is 0; the
-                 # entropy bonus still gives every step a gradient through both ranks.
-                 "loss": {"entropy_coef": 0.01},
+                 # entropy bonus still gives every step a gradient through both ranks. The KL term runs
+                 # against the run's initial weights, which every rank loads from the run folder.
+                 "loss": {"entropy_coef": 0.01, "kl_coef": 0.1},
                  "distributed": {"num_ranks": 2, "startup_timeout_s": 240}}
     config = build_config("ada-balance", "tiny", overrides=overrides)
     state = setup(config, tmp_path / "run")
@@ -96,6 +97,7 @@ def test_two_rank_training_resumes_identically_and_leaves_no_process(tmp_path):
     assert _wait_gone(pids["ranks"] + pids["ray"]) == [], "a Ray or rank process outlived close()"
     assert any(not torch.equal(a, b) for a, b in zip(before, after)), "no weight changed"
     assert last[K.DIST_WORLD_SIZE] == 2.0 and last[K.TRAIN_GRAD_NORM] > 0
+    assert last[K.TRAIN_KL_REF] > 0, "the ranks trained without their reference policy"
     assert last[K.DIST_RANK_UPDATE_MAX_S] >= last[K.DIST_RANK_UPDATE_MIN_S] > 0
     assert (tmp_path / "run" / "ranks" / "rank_1.log").stat().st_size > 0
     ckpt = latest_checkpoint(tmp_path / "run")
@@ -115,7 +117,7 @@ def test_two_rank_training_resumes_identically_and_leaves_no_process(tmp_path):
     row = read_metrics(tmp_path / "run")[-1]
     again = read_metrics(tmp_path / "resumed")[-1]
     assert again["step"] == row["step"] == 3
-    for key in (K.REWARD_MEAN, K.BUDGET_GENERATED_TOKENS, K.TRAIN_LOSS, K.TRAIN_GRAD_NORM):
+    for key in (K.REWARD_MEAN, K.BUDGET_GENERATED_TOKENS, K.TRAIN_LOSS, K.TRAIN_GRAD_NORM, K.TRAIN_KL_REF):
         assert again[key] == pytest.approx(row[key], rel=1e-5, abs=1e-7), key
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(after, resumed_weights))
     # Resuming it with another world size is refused: test_checkpoints_hold_every_ranks_state_and_refuse_...
@@ -247,7 +249,7 @@ def test_checkpoints_hold_every_ranks_state_and_refuse_another_world_size(groups
         group.update(_batch(tokenizer, 0))
     steps = group.optimizer_steps
     group.save(tmp_path / "opt")
-    shards = [torch.load(tmp_path / "opt" / f"rank_{r}" / "update_engine.pt", weights_only=False) for r in range(2)]
+    shards = [torch.load(tmp_path / "opt" / f"rank_{r}" / "update_engine.pt", weights_only=True) for r in range(2)]
     assert all(s["world_size"] == 2 and s["zero_stage"] == 2 for s in shards)
     assert shards[0]["optimizer"] is not None and shards[1]["optimizer"] is not None
     single = DeepSpeedUpdateEngine(copy.deepcopy(policy[0]), LossConfig(), OptimConfig(**OPTIM, zero_stage=2),

@@ -151,3 +151,28 @@ def test_dataset_hash_follows_file_contents(tmp_path):
     path.write_text('{"id": "a", "text": "1+1=", "answer": "3"}\n')
     assert tracking.dataset_hash(str(path)) != first
     assert tracking.dataset_hash("arithmetic") != tracking.dataset_hash("chain_sum")
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_run_lookups_survive_quotes_in_paths_and_ids(backend, request, tmp_path):
+    """Run folders and flow run ids with `'`, `"` (and both) are found exactly; a near miss is not."""
+    from flows.tracking import runs
+
+    # The session's stores (already migrated by the other tests here).
+    uri = tracking.default_tracking_uri() if backend == "sqlite" else request.getfixturevalue("postgres_uri")
+    client = MlflowClient(tracking.resolve_tracking_uri(uri))
+    experiment = f"quotes-{backend}"
+    exp_id = client.create_experiment(experiment)
+    paths = [tmp_path / "it's", tmp_path / 'say "hi"', tmp_path / "both ' and \"", tmp_path / "both _ and _"]
+    made = {}
+    for path in paths:
+        path.mkdir()
+        run = client.create_run(exp_id, run_name=path.name)
+        client.log_param(run.info.run_id, "run_dir", str(path))
+        client.set_tag(run.info.run_id, runs.FLOW_RUN, f"flow '{path.name}'")
+        made[path] = run.info.run_id
+    for path, run_id in made.items():
+        assert runs.run_of_folder(path, client, experiment) == run_id, path.name
+        found = runs.run_of_flow_run(client, experiment, f"flow '{path.name}'")
+        assert found is not None and found.run_id == run_id and found.run_dir == path, path.name
+    assert runs.run_of_folder(tmp_path / "it''s", client, experiment) is None
