@@ -10,6 +10,9 @@ import typer
 # Every bad input (config value, YAML file, dataset file or row) exits with this code and one clean
 # line on stderr, the same code typer gives a bad option.
 INPUT_ERROR_EXIT = 2
+# A run that started and failed outside its input (ada_core.errors.RunFailure: a training rank died):
+# one line naming what failed and where its log is.
+RUN_FAILURE_EXIT = 1
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Reinforce-Ada experiment platform.")
 
@@ -37,7 +40,12 @@ def simulate(
     png_path: Path | None = typer.Option(None, "--png", help="Write the plot here."),
 ) -> None:
     """Compare the samplers on a Bernoulli engine with known pass rates (no model, seconds)."""
-    from ada_core.sampling.simulate import DifficultyMix, format_table, plot, run_simulation
+    from ada_core.sampling.simulate import (
+        DifficultyMix,
+        format_table,
+        plot,
+        run_simulation,
+    )
 
     if frac_zero + frac_one > 1.0:
         raise typer.BadParameter(f"--frac-zero + --frac-one = {frac_zero + frac_one} must be <= 1")
@@ -67,34 +75,44 @@ def simulate(
 
 @app.command()
 def train(
-    preset: str = typer.Option("grpo", help="Algorithm preset: grpo, grpo-n8, grpo-n16, dapo, ada-pos, ada-balance, "
-                                               "ada-est, ada-posterior, ada-budget (docs/ALGORITHM.md)."),
-    profile: str = typer.Option("tiny", help="Scale profile: tiny, smollm2-135m, paper."),
-    model: str | None = typer.Option(None, help="tiny, smollm2-135m, or a local HF model folder (default: the profile's)."),
+    preset: str | None = typer.Option(None, help="Algorithm preset: grpo, grpo-n8, grpo-n16, dapo, ada-pos, "
+                                                 "ada-balance, ada-est, ada-posterior, ada-budget (default grpo; "
+                                                 "with --resume, the run's own)."),
+    profile: str | None = typer.Option(None, help="Scale profile: tiny, smollm2-135m, paper (default tiny; with "
+                                                  "--resume, the run's own)."),
+    model: str | None = typer.Option(
+        None, help="tiny, smollm2-135m, a local HF model folder, or a hub id org/name[@revision] (default: the profile's)."),
     steps: int | None = typer.Option(None, min=1, help="Training steps (default: the profile's)."),
     output_dir: Path | None = typer.Option(
         None, help="Run directory (default: the --resume folder, else $ADA_HOME/runs/<preset>-seed<seed>). "
-                   "A folder that already holds a run is refused unless it is the one resumed or --overwrite is given."),
-    resume: Path | None = typer.Option(None, help="A run directory to continue from its last complete checkpoint."),
+                   "A folder that already holds a run is refused unless it is the one resumed or --overwrite is given; "
+                   "one left by a run that stopped before its first checkpoint is taken, its leftovers moved aside."),
+    resume: Path | None = typer.Option(
+        None, help="A run directory to continue from its last complete checkpoint, with the config it was started "
+                   "with (its config.yaml). Only steps, eval_every, checkpoint_every, checkpoint.keep_last and where "
+                   "servers run may change (ada_core/run/resume.py); any other flag that differs is refused."),
     overwrite: bool = typer.Option(
         False, help="Start a new run in an --output-dir that holds one, moving the old run aside to "
                     "<dir>.replaced-<time> (never deleting it)."),
     config: Path | None = typer.Option(None, help="YAML file of config overrides."),
     set_: list[str] = typer.Option([], "--set", help="Override one field, e.g. --set sampler.M=4 (repeatable)."),
     seed: int | None = typer.Option(None, help="Seed (default 0)."),
-    dataset: str | None = typer.Option(None, help="A generator name (arithmetic, chain_sum:2, ...) or a local file/folder."),
+    dataset: str | None = typer.Option(
+        None, help="A generator name (arithmetic, chain_sum:2, ...), a local file/folder, or a hub id org/name[@revision]."),
     engine: str | None = typer.Option(None, help="Rollout engine: transformers, or vllm (a server from `make vllm-env`)."),
 ) -> None:
     """Train one policy with one preset; metrics go to <output-dir>/metrics.jsonl."""
-    from ada_core.config import build_config, deep_merge, parse_set
-    from ada_core.errors import InputError
+    from ada_core.config import build_config, deep_merge, parse_set, read_config_file
+    from ada_core.data.prompts import pin_hub_ids
     from ada_core.engines.vllm_server import check_engine_config
+    from ada_core.errors import InputError, RunFailure
     from ada_core.paths import runs_dir
     from ada_core.run.folder import check_run_dir
+    from ada_core.run.resume import check_resume_target, resumed_config
     from ada_core.training import train as run_training
 
     overrides: dict = {}
-    for key, value in (("model", model), ("steps", steps), ("seed", seed)):
+    for key, value in (("preset", preset), ("profile", profile), ("model", model), ("steps", steps), ("seed", seed)):
         if value is not None:
             overrides[key] = value
     if dataset is not None:
@@ -106,17 +124,88 @@ def train(
             overrides = deep_merge(overrides, parse_set(set_))
         except ValueError as err:  # a malformed --set is input too
             raise InputError(str(err)) from None
-        cfg = build_config(preset, profile, config_file=config, overrides=overrides)
+        if resume is not None:
+            # The run's own config; what the flags change is checked against it, before anything is read.
+            out = output_dir or resume
+            check_run_dir(out, resume=resume, overwrite=overwrite)  # a live run is refused here, naming its pid
+            check_resume_target(resume)  # a missing folder, or nothing to resume: what works instead
+            file_overrides = read_config_file(config) if config is not None else {}
+            cfg = resumed_config(resume, deep_merge(file_overrides, overrides))
+        else:
+            cfg = build_config(preset or "grpo", profile or "tiny", config_file=config,
+                               overrides={k: v for k, v in overrides.items() if k not in ("preset", "profile")})
+            # Not created yet: a run that fails on its input leaves nothing behind under ADA_HOME.
+            out = output_dir or runs_dir(create=False) / f"{cfg.preset}-seed{cfg.seed}"
+            check_run_dir(out, overwrite=overwrite)  # before any model or data is built
         check_engine_config(cfg)
-        # Not created yet: a run that fails on its input leaves nothing behind under ADA_HOME.
-        out = output_dir or resume or runs_dir(create=False) / f"{preset}-seed{cfg.seed}"
-        check_run_dir(out, resume=resume, overwrite=overwrite)  # before any model or data is built
+        cfg = pin_hub_ids(cfg)  # a hub id not to be had fails here, before any model or data is built
         last = run_training(cfg, out, resume=resume, overwrite=overwrite)
-    except InputError as err:  # config, YAML, dataset and run-folder errors alike
+    except InputError as err:  # config, YAML, dataset, run-folder and resume errors alike
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(INPUT_ERROR_EXIT) from None
+    except RunFailure as err:  # the run started and failed outside its input (a training rank died)
+        typer.echo(f"error: {err.summary}", err=True)
+        raise typer.Exit(RUN_FAILURE_EXIT) from None
     typer.echo(json.dumps({k: round(v, 4) for k, v in sorted(last.items())}, indent=1))
     typer.echo(f"run directory: {out}")
+
+
+@app.command()
+def evaluate(
+    model: str = typer.Option(..., help="tiny, smollm2-135m, a local HF model folder, or a hub id org/name[@revision]."),
+    suite: str | None = typer.Option(
+        None, help="A named benchmark suite: paper (MATH500, Minerva Math, OlympiadBench, AIME-like by hub id). "
+                   "Default: the held-out split of the profile's dataset only."),
+    k: int | None = typer.Option(None, min=1, help="Samples per prompt (default: the suite's, 32 for paper; else the profile's)."),
+    max_tokens: int | None = typer.Option(None, min=1, help="Generated-token limit (default: the suite's, 4096 for paper)."),
+    temperature: float | None = typer.Option(None, min=1e-6, help="Sampling temperature (default: the suite's, 1.0)."),
+    profile: str = typer.Option("tiny", help="Scale profile for lengths and the held-out split."),
+    dataset: str | None = typer.Option(None, help="Held-out prompts from this dataset (default: the profile's)."),
+    eval_size: int | None = typer.Option(None, min=1, help="Held-out prompts (default: the profile's)."),
+    seed: int = typer.Option(0, help="Seed of the held-out split and of the samples."),
+    output_dir: Path | None = typer.Option(None, help="Folder for generations (default: $ADA_HOME/runs/evaluate-<time>)."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the metrics here."),
+) -> None:
+    """Score a model: avg@k and pass@k on a held-out split, and a named suite as the paper's accuracy table."""
+    import time
+
+    from ada_core.config import build_config
+    from ada_core.data.prompts import pin_hub_ids
+    from ada_core.data.suites import accuracy_table, get_suite, suite_overrides
+    from ada_core.errors import InputError
+    from ada_core.paths import runs_dir
+    from ada_core.training import evaluate as evaluate_state
+    from ada_core.training import setup
+
+    data = {k_: v for k_, v in (("dataset", dataset), ("eval_size", eval_size)) if v is not None}
+    overrides: dict = {"model": model, "sft_steps": 0, "seed": seed, "steps": 1, "data": data,
+                       "ledger": {"enabled": False}}
+    if k is not None:
+        overrides["eval_k"] = k
+    if max_tokens is not None:
+        overrides["eval_max_tokens"] = max_tokens
+    if temperature is not None:
+        overrides["eval_temperature"] = temperature
+    try:
+        if suite is not None:
+            overrides.update(suite_overrides(suite, k, max_tokens, temperature))
+        cfg = pin_hub_ids(build_config("grpo", profile, overrides=overrides))
+        out = output_dir or runs_dir() / f"evaluate-{time.strftime('%Y%m%d-%H%M%S')}"
+        state = setup(cfg, out)
+    except InputError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(INPUT_ERROR_EXIT) from None
+    try:
+        metrics = evaluate_state(state)
+    finally:
+        state.close()
+    typer.echo(json.dumps({key: round(v, 4) for key, v in sorted(metrics.items())}, indent=1))
+    if suite is not None:
+        typer.echo(accuracy_table(get_suite(suite), metrics, state.config.model, cfg.eval_k,
+                                  cfg.eval_max_tokens or cfg.rollout.max_tokens, cfg.eval_temperature))
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(metrics, indent=2) + "\n")
 
 
 @app.command()

@@ -67,6 +67,7 @@ TIME_REWARD_S = "time/reward_s"
 TIME_REWARD_OVERLAP_S = "time/reward_overlap_s"  # streaming: the part of reward_s spent while generating
 TIME_UPDATE_S = "time/update_s"
 TIME_SYNC_S = "time/sync_s"  # weight sync to an out-of-process engine, plus sleep/wake-up when on
+TIME_OVERLAP_S = "time/overlap_s"  # rollout.async_steps: update time during which the servers were drawing
 TIME_STEP_S = "time/step_s"
 TIME_ELAPSED_S = "time/elapsed_s"  # run wall time so far
 
@@ -114,6 +115,19 @@ THROUGHPUT_GEN_TOKENS_PER_S = "throughput/gen_tokens_per_s"
 # rollout/: how the rollout server was used
 ROLLOUT_IDLE_FRACTION = "rollout/idle_fraction"  # share of generation time below rollout.vllm.concurrency
 ROLLOUT_UNUSED_SLOT_FRACTION = "rollout/unused_slot_fraction"  # 1 - mean sequences in flight / concurrency
+
+
+def server_idle_key(index: int) -> str:
+    """Share of the step's wall time (last step's end to this one's) with nothing in flight on server `index`."""
+    return f"rollout/server_{index}/idle_fraction"
+
+
+# async/: rollout.async_steps (docs/ALGORITHM.md, Asynchronous rollout)
+ASYNC_STEPS = "async/steps"  # rollout.async_steps: the staleness bound k
+ASYNC_POLICY_VERSION = "async/policy_version"  # weight version the step's batch was drawn with
+ASYNC_STALENESS_MEAN = "async/staleness_mean"  # drawn samples: updates between their policy and the update's old one
+ASYNC_STALENESS_MAX = "async/staleness_max"  # never more than async/steps
+ASYNC_WAIT_S = "async/wait_s"  # the trainer waiting for its batch (0 when generation hid behind the update)
 
 # eval/: held-out evaluation
 EVAL_AVG_AT_K = "eval/avg_at_k"

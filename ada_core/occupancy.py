@@ -23,6 +23,8 @@ class Reading:
     """Seconds spent below capacity since the meter was made."""
     slot_s: float
     """Integral of min(level, capacity) over time: busy slot-seconds."""
+    empty_s: float = 0.0
+    """Seconds with nothing in flight: the server idle (`rollout/server_<i>/idle_fraction`)."""
 
 
 class OccupancyMeter:
@@ -35,6 +37,7 @@ class OccupancyMeter:
         self.level = 0
         self._below_s = 0.0
         self._slot_s = 0.0
+        self._empty_s = 0.0
         self._t = time.perf_counter()
         self._lock = threading.Lock()
 
@@ -42,6 +45,8 @@ class OccupancyMeter:
         if self.level < self.capacity:
             self._below_s += now - self._t
         self._slot_s += min(self.level, self.capacity) * (now - self._t)
+        if self.level <= 0:
+            self._empty_s += now - self._t
         self._t = now
 
     def add(self, k: int) -> None:
@@ -54,7 +59,7 @@ class OccupancyMeter:
         with self._lock:
             now = time.perf_counter()
             self._advance(now)
-            return Reading(now, self._below_s, self._slot_s)
+            return Reading(now, self._below_s, self._slot_s, self._empty_s)
 
     @contextmanager
     def running(self, k: int):

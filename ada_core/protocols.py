@@ -48,6 +48,16 @@ class RolloutEngine(Protocol):
         An in-process engine shares the module: nothing to send."""
         return {}
 
+    def stage_weights(self, module: Any, version: int) -> Any:
+        """`rollout.async_steps > 0`: write `module`'s weights as `version` now, for `load_staged` later
+        (on the rollout thread, between two batches). Only engines in other processes can."""
+        raise NotImplementedError(f"{type(self).__name__} shares the trainer's weights and cannot roll out "
+                                  "asynchronously (rollout.async_steps > 0 needs rollout.engine: vllm)")
+
+    def load_staged(self, staged: Any) -> dict[str, float]:
+        """Serve the weights `stage_weights` wrote; returns `sync/*` metrics."""
+        raise NotImplementedError(f"{type(self).__name__} cannot load staged weights")
+
     def sleep(self) -> None:
         """Free accelerator memory for the update (vLLM's sleep mode); no-op where there is none."""
 

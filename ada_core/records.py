@@ -52,6 +52,8 @@ class Sample:
     """True when generation hit `max_tokens` before EOS or a stop string."""
     round: int = 0
     """Sampler round (0-based) in which the sample was drawn."""
+    policy_version: int | None = None
+    """Weight version (updates applied) of the policy that generated it; set by the training loop."""
 
     @property
     def num_tokens(self) -> int:

@@ -13,6 +13,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from ada_core.data.curation import load_curated
+from ada_core.data.prompts import pin_hub_ids
 from flows import tracking
 from flows.params import CurateParams
 from flows.runtime import run_stamp, set_torch_threads
@@ -22,7 +23,7 @@ from tasks.curation import curate_for
 @flow(name="curate", log_prints=True)
 def curate(params: CurateParams = CurateParams()) -> dict[str, Any]:
     """Curate (or reuse) the prompt set for `params`; returns where it is and how much was kept."""
-    config = params.config()  # first: an invalid value raises ConfigError naming the field
+    config = pin_hub_ids(params.config())  # first: an invalid value or a hub id not to be had fails here
     logger = get_run_logger()
     set_torch_threads()
     uri = tracking.resolve_tracking_uri(params.tracking_uri)

@@ -2,6 +2,7 @@
 
     evaluate(EvaluateParams(model="models:/ada-policy@champion", k=8))
     evaluate(EvaluateParams(model=".ada/runs/compare-.../ada-balance-s0/checkpoints/step_000060"))
+    evaluate(EvaluateParams(model="Qwen/Qwen2.5-Math-1.5B", suite="paper"))  # the paper's Table 1
 
 The model is loaded through the same `setup` the trainer uses (no SFT, no training) and scored by
 the `evaluate` task. Which prompts:
@@ -11,6 +12,8 @@ the `evaluate` task. Which prompts:
   curated set included, its sizes and seed): never a prompt it trained on, and the same prompts as
   its eval/avg_at_k curve. `eval_size` takes the first that many of them.
 - `dataset` given, or any other model: the held-out split of `dataset` (default the profile's).
+With a `suite` it also scores every benchmark of it (hub datasets, ada_core/data/suites.py) at the
+suite's k, temperature and token limit, and logs the paper's accuracy table (markdown and an MLflow table).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from prefect import flow, get_run_logger
 from prefect.utilities.annotations import quote
 
 from ada_core.config import ConfigError, TrainConfig, deep_merge, validate_config
+from ada_core.data.hub import parse_hub_id, pin
+from ada_core.data.prompts import pin_hub_ids
 from ada_core.paths import runs_dir
 from ada_core.run.files import CHECKPOINTS, CONFIG, read_generations, read_run_info
 from ada_core.training import setup
@@ -36,6 +41,8 @@ def local_model_dir(model: str, tracking_uri: str, scratch: Path) -> Path | str:
     """An HF folder (or a built-in model name) for any form of `EvaluateParams.model`."""
     if model.startswith(("models:/", "runs:/", "mlflow-artifacts:/")):
         return tracking.download_model(model, tracking_uri, scratch)
+    if not Path(model).expanduser().exists() and parse_hub_id(model) is not None:
+        return pin(model, "model")  # a hub id, pinned to the commit it resolves to
     path = Path(model).expanduser()
     if (path / "hf" / "config.json").is_file():  # a trainer checkpoint: step_N/hf
         return path / "hf"
@@ -95,13 +102,15 @@ def evaluate(params: EvaluateParams = EvaluateParams()) -> dict[str, Any]:
     with tracking.tracked_run(uri, params.experiment, f"evaluate-{run_stamp()}", tags=tags) as (client, run_id):
         with tempfile.TemporaryDirectory(prefix="ada-eval-") as scratch:
             model_dir = local_model_dir(params.model, uri, Path(scratch))
-            config = eval_config(params, str(model_dir), trained)
+            config = pin_hub_ids(eval_config(params, str(model_dir), trained))
+            if not Path(model_dir).exists() and parse_hub_id(str(model_dir)) is not None:
+                client.set_tag(run_id, "ada.model_revision", str(model_dir))
             source = f"held-out split of {trained_dir}" if trained is not None else "held-out split of dataset"
             tracking.log_params(client, run_id, {
-                "model": params.model, "k": params.k, "eval_size": params.eval_size or config.data.eval_size,
+                "model": params.model, "k": config.eval_k, "eval_size": params.eval_size or config.data.eval_size,
                 "dataset": config.data.dataset, "eval_temperature": config.eval_temperature, "seed": config.seed,
-                "max_tokens": config.rollout.max_tokens, "engine": params.engine, "eval_prompts": source,
-                "trained_by_run": trained_run or "",
+                "max_tokens": config.eval_max_tokens or config.rollout.max_tokens, "engine": params.engine,
+                "eval_prompts": source, "trained_by_run": trained_run or "", "suite": params.suite,
             })
             state = setup(config, out)
             try:
@@ -110,10 +119,21 @@ def evaluate(params: EvaluateParams = EvaluateParams()) -> dict[str, Any]:
                 tracking.log_dataset_inputs(client, run_id, config.data.dataset, {"evaluation": state.eval_prompts})
                 eval_ids = [p.id for p in state.eval_prompts]
                 metrics = evaluate_task(quote(state))
+                suites = [(bench, prompts) for bench, prompts in state.suite]
             finally:
                 state.close()
         tracking.log_metrics(client, run_id, metrics, step=0)
         tracking.log_generations(client, run_id, 0, read_generations(out))
+        for bench, prompts in suites:  # where each benchmark came from: repo, split, commit
+            tracking.log_dataset_inputs(client, run_id, prompts[0].meta["hub_id"], {bench.key: prompts})
+        table = None
+        if params.suite is not None:
+            from ada_core.data.suites import accuracy_table, get_suite
+
+            table = accuracy_table(get_suite(params.suite), metrics, params.model, config.eval_k,
+                                   config.eval_max_tokens or config.rollout.max_tokens, config.eval_temperature)
+            tracking.log_accuracy_table(client, run_id, table, metrics)
+            logger.info("accuracy table:\n%s", table)
         logger.info("%s: %s", params.model, {k: round(v, 4) for k, v in metrics.items()})
     return {"run_id": run_id, "tracking_uri": uri, "metrics": metrics, "run_dir": str(out), "eval_prompt_ids": eval_ids,
-            "trained_by_run": trained_run}
+            "trained_by_run": trained_run, "table": table}

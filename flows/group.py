@@ -28,13 +28,13 @@ from prefect.artifacts import create_markdown_artifact
 
 from ada_core import metrics as K
 from ada_core.paths import runs_dir
-from ada_core.run.files import read_result
+from ada_core.run.files import CONFIG, read_result
 from flows import fanout, tracking
 from flows import resume as resuming
 from flows.params import GroupSettings, RunSettings, TrainParams, flatten_dotted
 from flows.runtime import run_stamp
 from flows.tracking import links
-from flows.train import train
+from flows.train import resume_config, train
 from report import load_run, write_report
 
 
@@ -83,6 +83,7 @@ def run_children(
     `follow_up(result)` returns children that may start only once that one has finished (the
     matched GRPO control after its seed's Ada-balance run).
     """
+    check_resumes(children)  # before any child runs: a resumed group continues every started child as it was
     if params.children == "inline":
         return run_inline(children, follow_up)
     if tracking_uri.startswith("sqlite:"):
@@ -90,6 +91,15 @@ def run_children(
                                  "or PostgreSQL takes concurrent writers better", tracking_uri)
     experiment_id = tracking.experiment_of(client, parent_run_id)
     return fanout.run_deployments(children, follow_up, params, group, client, experiment_id, tracking_uri, plan_child)
+
+
+def check_resumes(children: list[TrainParams]) -> None:
+    """Every started, unfinished child of a resumed group resumes with its own config: a group value
+    that would change one (ada_core/run/resume.py) is refused, naming the child, before any child runs."""
+    for child in children:
+        out = Path(child.output_dir)
+        if read_result(out) is None and (out / CONFIG).is_file():
+            resume_config(child, out)
 
 
 def plan_child(params: TrainParams) -> tuple[TrainParams, dict[str, Any] | None]:

@@ -1,14 +1,24 @@
 """Flow parameters as pydantic models, so Prefect's UI shows a validated, documented form.
 
-A flow builds its `TrainConfig` from these first thing (`build_config`), so a bad value fails before
-any model, dataset or MLflow run exists, with an error that names the field (`sampler.n: ...`).
+Every `overrides` key is checked when the parameters are validated (Prefect does that before the
+flow body starts): a key that is no config field, a value of the wrong type, or a key the flow sets
+from a field of its own (`seed`, `preset`, ...: the run's name, tags and report use that one) is
+refused with the key named. A flow then builds its `TrainConfig` first thing (`build_config`), so
+a bad combination fails before any model, dataset or MLflow run exists (`sampler.n: ...`).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 from ada_core.config import PRESETS, ConfigError, TrainConfig, build_config
 
@@ -49,6 +59,67 @@ def check_engine(config: TrainConfig) -> TrainConfig:
     return config
 
 
+def config_field(key: str):
+    """The pydantic field of TrainConfig at dotted `key`, or a ValueError saying why there is none."""
+    model: type[BaseModel] = TrainConfig
+    parts = key.split(".")
+    for depth, part in enumerate(parts):
+        field = model.model_fields.get(part)
+        where = ".".join(parts[:depth]) or "the config"
+        if field is None:
+            known = ", ".join(sorted(model.model_fields))
+            raise ValueError(f"overrides: unknown key {key!r}: {where} has no field {part!r} (its fields: {known})")
+        if depth == len(parts) - 1:
+            return field
+        annotation = field.annotation
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            raise ValueError(  # noqa: TRY004 - pydantic reports a ValueError as the field's error
+                f"overrides: unknown key {key!r}: {'.'.join(parts[: depth + 1])} is a value, not a section")
+        model = annotation
+    raise ValueError(f"overrides: empty key {key!r}")
+
+
+def check_overrides(overrides: dict[str, Any], own: dict[str, str]) -> None:
+    """Refuse an override that is no config field, has the wrong type, or is set by a flow field (`own`:
+    dotted key -> that field's name), naming the key."""
+    for key, value in flatten_dotted(nest_dotted(overrides)).items():
+        if key in own:
+            raise ValueError(f"overrides: {key!r} is set by this flow's own `{own[key]}` field (the run's name, tags "
+                             f"and report use that one); give it there, not in overrides")
+        field = config_field(key)
+        annotation = Annotated[field.annotation, *field.metadata] if field.metadata else field.annotation
+        try:
+            TypeAdapter(annotation).validate_python(value)
+        except ValidationError as err:
+            problem = "; ".join(e["msg"] for e in err.errors())
+            raise ValueError(f"overrides: {key!r}: {problem} (got {value!r})") from None
+
+
+def override_keys(exclude: dict[str, str] | None = None) -> list[str]:
+    """Every dotted key `overrides` may name (each field and each section of TrainConfig), less `exclude`."""
+    keys: list[str] = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            keys.append(prefix + name)
+            if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+                walk(field.annotation, f"{prefix}{name}.")
+
+    walk(TrainConfig, "")
+    return sorted(k for k in keys if k not in (exclude or {}))
+
+
+# Config fields every training-type flow sets from a field of its own.
+RUN_OWN_FIELDS = {"preset": "preset", "profile": "profile", "seed": "seed", "steps": "steps",
+                  "prompts_per_step": "prompts_per_step", "rollout.engine": "engine"}
+
+
+def overrides_schema(exclude: dict[str, str]) -> dict[str, Any]:
+    """JSON schema of `overrides` beyond `object`: its keys, so the Prefect server refuses a flow run
+    with an unknown key when the run is created (deployments enforce their parameter schema)."""
+    return {"propertyNames": {"enum": override_keys(exclude)}}
+
+
 class _Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -62,7 +133,9 @@ class RunSettings(_Params):
     prompts_per_step: int | None = Field(None, ge=1, description="Prompts per step (B); empty = the profile's.")
     overrides: dict[str, Any] = Field(
         default_factory=dict,
-        description="Any config field by dotted name, e.g. {\"sampler.M\": 8, \"optim.lr\": 1e-4, \"sft_steps\": 50}.",
+        description="Any config field by dotted name, e.g. {\"sampler.M\": 8, \"optim.lr\": 1e-4, \"sft_steps\": 50}. "
+        "Fields this form has (seed, preset, steps, ...) are set there, not here.",
+        json_schema_extra=overrides_schema(RUN_OWN_FIELDS),
     )
     curate: bool = Field(True, description="Difficulty-filter the prompts with the starting model before training.")
     curation_seed: int = Field(0, description="Seed of the curation pool and its samples; shared by all seeds of a comparison.")
@@ -70,6 +143,17 @@ class RunSettings(_Params):
         None, description="MLflow tracking URI; empty = $MLFLOW_TRACKING_URI, the `make ui` server, or $ADA_HOME/mlflow.db."
     )
     experiment: str = Field("reinforce-ada", min_length=1, description="MLflow experiment name.")
+
+    # Config fields these parameters set themselves: an override of one would disagree with the field.
+    OWN_FIELDS: ClassVar[dict[str, str]] = RUN_OWN_FIELDS
+
+    @model_validator(mode="after")
+    def _overrides_are_config_fields(self) -> RunSettings:
+        try:
+            check_overrides(self.overrides, type(self).OWN_FIELDS)
+        except ConfigError as err:  # nest_dotted's own complaint (a key both a value and a section)
+            raise ValueError(str(err)) from None
+        return self
 
     def build(self, preset: str, seed: int, extra: dict[str, Any] | None = None, group: bool = False) -> TrainConfig:
         """The validated TrainConfig; raises ConfigError naming the field. `group`: `overrides` are a group's,
@@ -139,9 +223,23 @@ class TrainParams(RunSettings):
     def config(self) -> TrainConfig:
         return self.build(self.preset, self.seed)
 
+    def resume_overrides(self) -> dict[str, Any]:
+        """What these parameters set explicitly about the config, nested: on a resume, each is checked
+        against the run's own config (ada_core/run/resume.py), and what was left out keeps the run's value."""
+        given = self.model_fields_set
+        top: dict[str, Any] = {}
+        for name in ("preset", "profile", "seed", "steps", "prompts_per_step"):
+            if name in given and getattr(self, name) is not None:
+                top[name] = getattr(self, name)
+        if "engine" in given:
+            top["rollout.engine"] = self.engine
+        return nest_dotted({**top, **flatten_dotted(nest_dotted(self.overrides))})
+
 
 class GroupSettings(RunSettings):
     """How a group (compare, sweep) runs its children; see flows/fanout.py."""
+
+    OWN_FIELDS: ClassVar[dict[str, str]] = {**RunSettings.OWN_FIELDS, "preset": "variants", "seed": "seeds"}
 
     children: Literal["inline", "deployments"] = Field(
         "inline",
@@ -197,7 +295,7 @@ class CompareParams(GroupSettings):
     )
 
     @model_validator(mode="after")
-    def _matched_needs_reference(self) -> "CompareParams":
+    def _matched_needs_reference(self) -> CompareParams:
         if self.matched_grpo and "ada-balance" not in self.variants:
             raise ValueError("matched_grpo: needs 'ada-balance' in variants (its samples per step set the budget)")
         if len(set(self.variants)) != len(self.variants):
@@ -209,6 +307,9 @@ class CompareParams(GroupSettings):
 
 class SweepParams(GroupSettings):
     """A grid over N, M, n, variant and seed; GRPO-type variants vary only n."""
+
+    OWN_FIELDS: ClassVar[dict[str, str]] = {**GroupSettings.OWN_FIELDS, "sampler.N": "N", "sampler.M": "M",
+                                            "sampler.n": "n"}
 
     variants: list[Preset] = Field(default_factory=lambda: ["ada-balance"], min_length=1, description="Presets.")
     N: list[int] = Field(default_factory=lambda: [2, 4], min_length=1, description="ada: max rounds.")
@@ -247,9 +348,14 @@ class EvaluateParams(_Params):
     model: str = Field(
         "models:/ada-policy@champion",
         description="models:/<name>@<alias>, models:/<name>/<version>, runs:/<id>/<path>, a checkpoint folder "
-        "(step_N with hf/ inside) or an HF model folder.",
+        "(step_N with hf/ inside), an HF model folder, or a hub id org/name[@revision].",
     )
-    k: int = Field(4, ge=1, description="Samples per prompt.")
+    k: int | None = Field(None, ge=1, description="Samples per prompt; empty = the suite's (32 for paper), else the profile's.")
+    suite: Literal["paper"] | None = Field(
+        None, description="Also score a named benchmark suite by hub id and report it as the paper's accuracy table: "
+        "paper = MATH500, Minerva Math, OlympiadBench, AIME-like (avg@32, temperature 1.0, 4096 tokens).",
+    )
+    max_tokens: int | None = Field(None, ge=1, description="Generated-token limit; empty = the suite's, else the profile's.")
     profile: Profile = Field("tiny", description="Scale profile for lengths and eval set size.")
     engine: Engine = Field("transformers", description="Rollout engine.")
     dataset: str | None = Field(
@@ -257,7 +363,7 @@ class EvaluateParams(_Params):
         "platform trained, that run's own held-out split; else the profile's dataset.")
     eval_size: int | None = Field(
         None, ge=1, description="Held-out prompts; empty = all of them (the training run's, or the profile's).")
-    temperature: float | None = Field(None, gt=0, description="Sampling temperature; empty = the profile's (1.0).")
+    temperature: float | None = Field(None, gt=0, description="Sampling temperature; empty = the suite's or the profile's (1.0).")
     seed: int = Field(0, description="Seed of the prompt split and the samples; a platform-trained model's run "
                       "brings its own.")
     tracking_uri: str | None = Field(None, description="MLflow tracking URI (see train).")
@@ -270,11 +376,18 @@ class EvaluateParams(_Params):
         if self.eval_size is not None:
             data["eval_size"] = self.eval_size
         overrides: dict[str, Any] = {
-            "model": model_dir, "sft_steps": 0, "eval_k": self.k, "seed": self.seed, "steps": 1,
+            "model": model_dir, "sft_steps": 0, "seed": self.seed, "steps": 1,
+            "prompts_per_step": 1,  # it trains on none: a small eval file must not fail the prompts-per-step check
             "rollout": {"engine": self.engine}, "data": data, "ledger": {"enabled": False},  # no training steps
         }
-        if self.temperature is not None:
-            overrides["eval_temperature"] = self.temperature
+        for key, value in (("eval_k", self.k), ("eval_max_tokens", self.max_tokens),
+                           ("eval_temperature", self.temperature)):
+            if value is not None:
+                overrides[key] = value
+        if self.suite is not None:
+            from ada_core.data.suites import suite_overrides
+
+            overrides.update(suite_overrides(self.suite, self.k, self.max_tokens, self.temperature))
         return check_engine(build_config("grpo", self.profile, overrides=overrides))
 
 
@@ -286,10 +399,22 @@ class CurateParams(_Params):
     overrides: dict[str, Any] = Field(
         default_factory=dict,
         description="Config fields by dotted name, e.g. {\"data.curation_k\": 16, \"data.pass_rate_ceiling\": 0.3125}.",
+        json_schema_extra=overrides_schema({"preset": "", "profile": "", "seed": "", "rollout.engine": ""}),
     )
     seed: int = Field(0, description="Seed of the prompt pool and the curation samples.")
     tracking_uri: str | None = Field(None, description="MLflow tracking URI (see train).")
     experiment: str = Field("reinforce-ada", min_length=1, description="MLflow experiment name.")
+
+    OWN_FIELDS: ClassVar[dict[str, str]] = {"preset": "(curation always samples with grpo's settings)",
+                                            "profile": "profile", "seed": "seed", "rollout.engine": "engine"}
+
+    @model_validator(mode="after")
+    def _overrides_are_config_fields(self) -> CurateParams:
+        try:
+            check_overrides(self.overrides, type(self).OWN_FIELDS)
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
+        return self
 
     def config(self) -> TrainConfig:
         top = {"seed": self.seed, "rollout.engine": self.engine}

@@ -9,7 +9,10 @@ MLflow callbacks, so each step shows up as `rollout-step-N` and `update-step-N` 
 
 Resume (flows/tracking/runs.py, flows/resume.py): `TrainParams(resume=<run folder or MLflow run id>)`, or a Prefect retry of
 the same flow run, continues the same run folder and the same MLflow run from the newest good
-checkpoint; MLflow gets each step's row once (tracking.RunLogger says how).
+checkpoint; MLflow gets each step's row once (tracking.RunLogger says how). The config is the run's
+own `config.yaml` (`resume_config`): a field given explicitly that would change it is refused before
+anything is written, except the short list in ada_core/run/resume.py (steps, cadences, ...), which
+the MLflow run records in its `ada.resume_changes` tag.
 """
 
 from __future__ import annotations
@@ -27,14 +30,18 @@ from prefect.runtime import flow_run
 
 from ada_core.config import TrainConfig
 from ada_core.data import data_digest
+from ada_core.data.hub import parse_hub_id
+from ada_core.data.prompts import hub_dataset, pin_hub_ids
+from ada_core.errors import ResumeError
 from ada_core.paths import runs_dir
 from ada_core.run.checkpoints import NoCheckpoint, latest_checkpoint
-from ada_core.run.files import PER_STEP_FILES, RESULT, RUN_INFO, final_metrics, read_metrics
+from ada_core.run.files import CONFIG, PER_STEP_FILES, RESULT, RUN_INFO, final_metrics, read_metrics, read_run_info
 from ada_core.run.folder import check_run_dir
+from ada_core.run.resume import differences, read_saved_config, resumed_config
 from ada_core.training import run_steps, setup
 from flows import resume as resuming
 from flows import tracking
-from flows.params import TrainParams
+from flows.params import TrainParams, flatten_dotted, nest_dotted
 from flows.progress import TrainProgress, chain
 from flows.runtime import quiet_task_run_logs, run_stamp, set_torch_threads
 from tasks.curation import curate_for, training_config
@@ -59,10 +66,61 @@ def prepare_data(config: TrainConfig, curate: bool, curation_seed: int) -> tuple
 
 
 def check_inputs(config: TrainConfig) -> None:
-    """Read the dataset once before any MLflow run or folder exists: a bad file or row fails here."""
+    """Read the dataset once before any MLflow run or folder exists: a bad file or row, or more prompts
+    per step than it holds, fails here."""
     from ada_core.data import run_split
+    from ada_core.training.loop import check_prompts_per_step
 
-    run_split(config.data, config.seed)
+    train_prompts, _ = run_split(config.data, config.seed)
+    check_prompts_per_step(config, len(train_prompts))
+
+
+def curation_record(config: TrainConfig) -> dict[str, Any] | None:
+    """The summary `curate_dataset` wrote beside a curated set (tasks/curation.py), when the config's
+    dataset is one; None for a dataset that was not curated."""
+    summary = Path(config.data.dataset) / "curation.json"
+    try:
+        return json.loads(summary.read_text()) if summary.is_file() else None
+    except (OSError, ValueError):
+        return None
+
+
+def resume_config(params: TrainParams, run_dir: Path) -> tuple[TrainConfig, dict[str, tuple[Any, Any]]]:
+    """The config a resumed run continues with, and what it changes: the run's own `config.yaml`, with
+    every config field `params` gives explicitly laid over it and checked (ada_core/run/resume.py).
+
+    A curated run's config names the curated set, its start model and `sft_steps: 0`; the request that
+    made it named the source dataset, model and warm start, which its curation summary records. A
+    resume that gives those same source values (a Prefect retry, a resumed group's child) is the same
+    run; any other is refused like every other change."""
+    saved = read_saved_config(run_dir)
+    curation = curation_record(saved)
+    given = params.model_fields_set
+    if "curate" in given and params.curate != (curation is not None):
+        raise ResumeError(f"resume {run_dir}: would change what the run is: curate: {curation is not None} -> "
+                          f"{params.curate}. Give no other value, or start a new run in another folder.")
+    if curation is not None and "curation_seed" in given and params.curation_seed != curation["inputs"]["seed"]:
+        raise ResumeError(f"resume {run_dir}: would change what the run is: curation_seed: "
+                          f"{curation['inputs']['seed']} -> {params.curation_seed}. Give no other value, or start a "
+                          "new run in another folder.")
+    asked = flatten_dotted(params.resume_overrides())
+    if curation is not None:
+        for key, source in (("model", "model"), ("sft_steps", "sft_steps"), ("data.dataset", "dataset")):
+            if key in asked and asked[key] == curation["inputs"][source]:
+                del asked[key]  # the source value curation replaced: the run's own
+    config = resumed_config(run_dir, nest_dotted(asked))
+    return config, differences(saved, config)
+
+
+def _provenance_of(config: TrainConfig) -> dict[str, Any]:
+    """`prepare_data`'s provenance params for a run config read back from its folder."""
+    curation = curation_record(config)
+    if curation is None:
+        return {"curated": False, "dataset_hash": tracking.dataset_hash(config.data.dataset)}
+    return {"curated": True, "curated_dataset": config.data.dataset, "curated_prompts": curation["kept"],
+            "curation_pool": curation["pool"], "curation_seed": curation["inputs"]["seed"],
+            "start_model": curation["model"],
+            "dataset_hash": tracking.dataset_hash(str(Path(config.data.dataset) / "prompts.jsonl"))}
 
 
 def _fresh_start(out: Path) -> None:
@@ -78,8 +136,8 @@ def _fresh_start(out: Path) -> None:
 def describe(params: TrainParams, config: TrainConfig, variant: str) -> str:
     """The MLflow run's one-paragraph Description."""
     part = " (a child of a compare/sweep run)" if params.parent_run_id else ""
-    return (f"`{variant}`{part}: preset `{params.preset}`, sampler `{config.sampler.name}`, advantage "
-            f"`{config.advantage.name}`, seed {params.seed}; {config.steps} steps of {config.prompts_per_step} "
+    return (f"`{variant}`{part}: preset `{config.preset}`, sampler `{config.sampler.name}`, advantage "
+            f"`{config.advantage.name}`, seed {config.seed}; {config.steps} steps of {config.prompts_per_step} "
             f"prompts from `{config.data.dataset}` on model `{config.model}`.")
 
 
@@ -113,7 +171,7 @@ def training_slots(names: list[str]) -> Iterator[None]:
 
 
 def train_run(params: TrainParams) -> dict[str, Any]:
-    config = params.config()
+    config = pin_hub_ids(params.config())  # hub ids -> org/name@<commit>; one not to be had fails here
     logger = get_run_logger()
     set_torch_threads()
     quiet_task_run_logs()
@@ -122,19 +180,32 @@ def train_run(params: TrainParams) -> dict[str, Any]:
     # A standalone run's name is unique on its own; a child's (set by compare/sweep) carries its group's.
     label = params.run_name or f"train-{variant}-s{params.seed}-{stamp}"
     uri = tracking.resolve_tracking_uri(params.tracking_uri)
-    if not params.curate:
-        check_inputs(config)
     flow_run_id = str(flow_run.get_id() or "")
     target = resuming.resume_target(uri, params.experiment, params.resume, flow_run_id)
-    if target is not None:
+    changes: dict[str, tuple[Any, Any]] = {}
+    if target is not None and (target.run_dir / CONFIG).is_file():
         out = target.run_dir
+        check_run_dir(out, resume=out)  # a live writer is refused here, naming its pid
+        run_config, changes = resume_config(params, out)  # the run's own config: refused before anything is written
+        provenance = _provenance_of(run_config)
+        requested = run_config  # what a new MLflow run's params then describe: the run as it is
     else:
-        default = runs_dir() / (f"{label}-{stamp}" if params.run_name else label)  # the default label has the stamp
-        out = Path(params.output_dir) if params.output_dir else default
-        check_run_dir(out, overwrite=params.overwrite)  # before curation and before an MLflow run is opened
-    run_config, provenance = prepare_data(config, params.curate, params.curation_seed)
-    tags = {"ada.flow": "train", "ada.variant": variant, "ada.preset": params.preset, "ada.seed": str(params.seed),
-            tracking.FLOW_RUN: flow_run_id, **tracking.process_tags()}
+        if target is not None:  # it died before its set-up wrote a config: it starts over, as asked now
+            out = target.run_dir
+        else:
+            default = runs_dir() / (f"{label}-{stamp}" if params.run_name else label)  # the default label has the stamp
+            out = Path(params.output_dir) if params.output_dir else default
+            check_run_dir(out, overwrite=params.overwrite)  # before curation and before an MLflow run is opened
+        if not params.curate:
+            check_inputs(config)
+        run_config, provenance = prepare_data(config, params.curate, params.curation_seed)
+        requested = config
+    # Who the run is comes from its config: on a resume, the run's own, whatever the defaults of `params` say.
+    preset, seed = run_config.preset, run_config.seed
+    if target is not None:
+        variant = params.variant or read_run_info(out).get("label") or preset
+    tags = {"ada.flow": "train", "ada.variant": variant, "ada.preset": preset, "ada.seed": str(seed),
+            tracking.FLOW_RUN: flow_run_id, **tracking.process_tags(), **hub_tags(requested)}
 
     run_id = target.run_id if target is not None else None
     with tracking.tracked_run(uri, params.experiment, label, params.parent_run_id, tags, run_id=run_id,
@@ -143,12 +214,15 @@ def train_run(params: TrainParams) -> dict[str, Any]:
         if target is None or target.run_id is None:
             extra = {k: v for k, v in provenance.items() if k != "dataset_hash"}
             tracking.log_params(client, run_id, tracking.run_params(
-                config, variant=variant, dataset_digest=provenance["dataset_hash"],
-                facts=tracking.run_facts(params.curate),
-                extra={**extra, "preset": params.preset, "engine": params.engine, "run_dir": str(out)},
+                requested, variant=variant, dataset_digest=provenance["dataset_hash"],
+                facts=tracking.run_facts(provenance["curated"]),
+                extra={**extra, "preset": preset, "engine": run_config.rollout.engine, "run_dir": str(out)},
             ))
+        if changes:
+            client.set_tag(run_id, "ada.resume_changes",
+                           "; ".join(f"{key}: {old} -> {new}" for key, (old, new) in changes.items()))
         state = _setup(run_config, out, target, client, run_id, logger, overwrite=params.overwrite)
-        run_logger = tracking.RunLogger(client, run_id)
+        run_logger = tracking.RunLogger(client, run_id, suite_table=suite_table(run_config, config.model))
         budget = tracking.BudgetAxes(run_logger, state.totals, state.num_params)
         shown = TrainProgress(label, run_config.steps)
         try:
@@ -161,7 +235,7 @@ def train_run(params: TrainParams) -> dict[str, Any]:
                                {"training": state.source.prompts, "evaluation": state.eval_prompts}, curated_from)
             shown.start(state.step)
             (out / RUN_INFO).write_text(json.dumps({
-                "label": variant, "preset": params.preset, "seed": params.seed, "num_params": state.num_params,
+                "label": variant, "preset": preset, "seed": seed, "num_params": state.num_params,
                 "mlflow_run_id": run_id, "tracking_uri": uri,
             }, indent=2) + "\n")
             if target is not None:  # what a crash before or during a checkpoint's send left unsent
@@ -187,15 +261,37 @@ def train_run(params: TrainParams) -> dict[str, Any]:
                                    "resume the run to upload it before registering")
             version = tracking.register_policy(
                 client, run_id, artifact, name=params.register_as, alias=params.alias,
-                tags={"variant": variant, "preset": params.preset, "seed": params.seed},
+                tags={"variant": variant, "preset": preset, "seed": seed},
             )
     result = {
-        "variant": variant, "preset": params.preset, "seed": params.seed, "run_id": run_id, "run_dir": str(out),
+        "variant": variant, "preset": preset, "seed": seed, "run_id": run_id, "run_dir": str(out),
         "tracking_uri": uri, "model_artifact": artifact, "registered_version": version, "metrics": final,
         "num_params": state.num_params,
     }
     (out / RESULT).write_text(json.dumps(result, indent=2) + "\n")  # last: the run is finished
     return result
+
+
+def hub_tags(config: TrainConfig) -> dict[str, str]:
+    """`ada.model_revision` / `ada.dataset_revision`: the `org/name@<commit>` of a (pinned) hub model or dataset."""
+    tags = {}
+    if parse_hub_id(config.model) is not None and not Path(config.model).exists():
+        tags["ada.model_revision"] = config.model
+    if hub_dataset(config.data.dataset) is not None:
+        tags["ada.dataset_revision"] = config.data.dataset
+    return tags
+
+
+def suite_table(config: TrainConfig, model: str):
+    """The markdown accuracy table of `config.eval_suite` for an evaluation's metrics (its row named `model`),
+    or None without a suite."""
+    if config.eval_suite is None:
+        return None
+    from ada_core.data.suites import accuracy_table, get_suite
+
+    suite = get_suite(config.eval_suite)
+    tokens = config.eval_max_tokens or config.rollout.max_tokens
+    return lambda metrics: accuracy_table(suite, metrics, model, config.eval_k, tokens, config.eval_temperature)
 
 
 def _setup(run_config: TrainConfig, out: Path, target, client, run_id: str, logger, overwrite: bool = False):

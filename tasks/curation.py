@@ -112,7 +112,9 @@ def training_config(config, curated: dict[str, Any]):
     """The config training actually runs: the curated set, from the model that curated it, no second SFT."""
     train_prompts = curated["kept"] - config.data.eval_size
     if train_prompts < config.prompts_per_step:
-        raise ValueError(
+        from ada_core.errors import DatasetError
+
+        raise DatasetError(
             f"curation kept {curated['kept']} of {curated['pool']} prompts: after data.eval_size={config.data.eval_size} "
             f"held out, {max(train_prompts, 0)} remain for prompts_per_step={config.prompts_per_step}; raise "
             "data.train_size, data.pass_rate_ceiling or data.keep_pass_rate, or lower data.eval_size or "

@@ -36,11 +36,20 @@ def _next_step_name(kind: str):
     return lambda: f"{kind}-step-{_step_of_state() + 1}"
 
 
+def _drawing_step_name(kind: str):
+    """The step whose batch is drawn: the next one, or further ahead under rollout.async_steps."""
+    def name() -> str:
+        state = task_run.parameters["state"]
+        return f"{kind}-step-{(state.unquote() if isinstance(state, quote) else state).drawing_step}"
+
+    return name
+
+
 def _this_step_name(kind: str):
     return lambda: f"{kind}-step-{_step_of_state()}"
 
 
-@task(name="adaptive_rollout", task_run_name=_next_step_name("rollout"), **_IN_MEMORY)
+@task(name="adaptive_rollout", task_run_name=_drawing_step_name("rollout"), **_IN_MEMORY)
 def adaptive_rollout(state: RunState) -> RolloutBatch:
     """Draw the next step's prompts and run the configured sampler (ada, fixed or dynamic_filter)."""
     return training.rollout_step(state)

@@ -46,3 +46,34 @@ SMALL = {
 def tiny_config(preset: str, steps: int, **extra):
     """`preset` on the tiny profile for `steps` steps, with SMALL and `extra` layered on."""
     return build_config(preset, "tiny", overrides={**SMALL, "steps": steps, **extra})
+
+
+def put_in_hub_cache(cache, kind: str, repo: str, files: dict, ref: str = "main") -> str:
+    """Write `files` (relative path -> bytes, text or a file to copy) as one snapshot of `repo` in a hub
+    cache laid out as huggingface_hub expects (`<kind>s--org--name/snapshots/<commit>/...`, `refs/<ref>`);
+    returns the commit, a sha1 of the contents like a git commit id."""
+    import hashlib
+    from pathlib import Path
+
+    blobs = {}
+    for rel, content in sorted(files.items()):
+        if isinstance(content, Path):
+            content = content.read_bytes()
+        blobs[rel] = content.encode() if isinstance(content, str) else content
+    commit = hashlib.sha1(b"".join(rel.encode() + b"\0" + data for rel, data in blobs.items())).hexdigest()
+    folder = Path(cache) / f"{kind}s--{repo.replace('/', '--')}"
+    for rel, data in blobs.items():
+        target = folder / "snapshots" / commit / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    (folder / "refs").mkdir(parents=True, exist_ok=True)
+    (folder / "refs" / ref).write_text(commit)
+    return commit
+
+
+def dataset_card(splits: dict[str, str]) -> str:
+    """A dataset card whose YAML header maps each split to a data-file pattern (config `default`)."""
+    lines = ["---", "configs:", "- config_name: default", "  data_files:"]
+    for split, pattern in splits.items():
+        lines += [f"  - split: {split}", f"    path: {pattern}"]
+    return "\n".join(lines + ["---", "", "A test dataset.", ""])

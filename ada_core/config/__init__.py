@@ -16,6 +16,7 @@ from ada_core.config.presets import (
     build_config,
     deep_merge,
     parse_set,
+    read_config_file,
 )
 from ada_core.config.schema import (
     AdvantageConfig,
@@ -39,5 +40,5 @@ __all__ = [
     "ALGORITHM_FIELDS", "AdvantageConfig", "CheckpointConfig", "ConfigError", "DataConfig", "DistributedConfig", "LedgerConfig",
     "LossConfig", "OptimConfig", "PRESETS", "PROFILES", "RolloutConfig", "SamplerConfig", "TrainConfig",
     "VLLMConfig", "build_config", "deep_merge", "flat_params", "format_validation_error", "parse_set",
-    "validate_config"
+    "read_config_file", "validate_config"
 ]

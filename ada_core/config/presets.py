@@ -80,13 +80,20 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 PROFILES: dict[str, dict[str, Any]] = {
-    # The paper's 7B setting (ref script): 512 prompts, 2048 tokens, lr 1e-6.
+    # The paper's setting (ref script): Qwen2.5-Math-1.5B on OpenR1-Math-220k, 512 prompts, 2048 tokens,
+    # lr 1e-6; evaluated as Table 1 (avg@32, 4096 tokens, the `paper` suite) every 50 steps
+    # (ref scripts/eval_model.sh scores global_step 50, 100, ..., 400).
     "paper": {
+        "model": "Qwen/Qwen2.5-Math-1.5B",
         "prompts_per_step": 512,
         "steps": 400,
         "eval_k": 32,
+        "eval_max_tokens": 4096,
+        "eval_suite": "paper",
+        "eval_every": 50,
         "optim": {"lr": 1e-6, "warmup_steps": 10, "mini_batches": 4},
         "rollout": {"max_tokens": 2048},
+        "data": {"dataset": "open-r1/OpenR1-Math-220k"},
     },
     # SmolLM2-135M on CPU: short answers, few prompts. Ours.
     "smollm2-135m": {
@@ -156,6 +163,25 @@ def parse_set(assignments: list[str]) -> dict[str, Any]:
     return out
 
 
+def read_config_file(config_file: str | Path) -> dict[str, Any]:
+    """A YAML file of config overrides as a mapping; `ConfigError` naming the file (and line) otherwise."""
+    path = Path(config_file)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise ConfigError(f"config file {path}:{where}: not valid YAML ({problem})") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {path}: byte {err.start}: not valid UTF-8") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {path}: expected a mapping at the top level")
+    return loaded
+
+
 def build_config(
     preset: str = "grpo",
     profile: str = "tiny",
@@ -179,20 +205,7 @@ def build_config(
     merged = deep_merge(PROFILES[profile], PRESETS[preset])
     merged = deep_merge(merged, {"preset": preset, "profile": profile})
     if config_file is not None:
-        path = Path(config_file)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist")
-        try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-            problem = getattr(err, "problem", None) or str(err)
-            raise ConfigError(f"config file {path}:{where}: not valid YAML ({problem})") from None
-        except UnicodeDecodeError as err:
-            raise ConfigError(f"config file {path}: byte {err.start}: not valid UTF-8") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {path}: expected a mapping at the top level")
+        loaded = read_config_file(config_file)
         merged = deep_merge(merged, loaded)
         given = deep_merge(given, loaded)
     if overrides:

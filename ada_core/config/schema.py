@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ada_core.config.applies import ALWAYS, LABEL, when
-from ada_core.errors import InputError
+from ada_core.errors import ConfigError
 
 
 class _Strict(BaseModel):
@@ -367,14 +367,21 @@ class RolloutConfig(_Strict):
     max_tokens: int = Field(2048, ge=1, description="Max response tokens. Ref: 2048.", json_schema_extra=ALWAYS)
     micro_batch_size: int = Field(64, ge=1, description="Sequences per generate() call on the engine. Ours.",
                                   json_schema_extra=when("rollout.engine == transformers or run.curate == true"))
+    async_steps: int = Field(
+        0, ge=0, description="0: the synchronous loop (rollout, then update, then weight sync). k >= 1: the "
+        "servers draw the next steps' batches while the trainer updates, from a policy at most k updates old "
+        "(docs/ALGORITHM.md, Asynchronous rollout); needs rollout.engine: vllm and loss.tis_cap. Ours: 0.",
+        json_schema_extra=when("rollout.engine == vllm")
+    )
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
 
 
 class DataConfig(_Strict):
     dataset: str = Field(
         "arithmetic",
-        description="Training prompts: a built-in generator name (`arithmetic`, or a reasoning-gym task) or a "
-        "local parquet/jsonl path in one of the supported HF schemas.",
+        description="Training prompts: a built-in generator name (`arithmetic`, or a reasoning-gym task), a "
+        "local parquet/jsonl path in one of the supported HF schemas, or a hub dataset id org/name[@revision] "
+        "(its default config's `train` split; runs log it pinned to its commit).",
         json_schema_extra=ALWAYS,
     )
     train_size: int = Field(2048, ge=1, description="Prompts generated for built-in generators. Ours.",
@@ -482,8 +489,10 @@ class TrainConfig(_Strict):
 
     preset: str = Field("grpo", description="Algorithm preset this config started from.", json_schema_extra=LABEL)
     profile: str = Field("tiny", description="Scale profile this config started from.", json_schema_extra=LABEL)
-    model: str = Field("tiny", description="`tiny`, `smollm2-135m`, or a local HF model folder.",
-                       json_schema_extra=ALWAYS)
+    model: str = Field(
+        "tiny", description="`tiny`, `smollm2-135m`, a local HF model folder, or a hub id org/name[@revision] "
+        "(runs log it pinned to its commit).", json_schema_extra=ALWAYS,
+    )
     seed: int = Field(0, description="Seeds data order, sampling and initialisation.", json_schema_extra=ALWAYS)
     steps: int = Field(400, ge=1, description="Training steps. Ref: 400; paper: 600.", json_schema_extra=ALWAYS)
     prompts_per_step: int = Field(512, ge=1, description="Prompts per step (B). Ref: 512.", json_schema_extra=ALWAYS)
@@ -492,6 +501,17 @@ class TrainConfig(_Strict):
                         json_schema_extra=when("eval_every > 0"))
     eval_temperature: float = Field(1.0, gt=0.0, description="Eval sampling temperature. Paper: 1.0.",
                                     json_schema_extra=when("eval_every > 0"))
+    eval_max_tokens: int | None = Field(
+        None, ge=1, description="Generated-token limit per evaluation sample; None = rollout.max_tokens. Paper: 4096.",
+        json_schema_extra=when("eval_every > 0"),
+    )
+    eval_suite: Literal["paper"] | None = Field(
+        None,
+        description="Benchmarks scored at every evaluation besides the held-out split, by hub id "
+        "(ada_core/data/suites.py): `paper` = MATH500, Minerva Math, OlympiadBench and the AIME-like set, "
+        "avg@eval_k each and their prompt-weighted average. None = the held-out split only. Ours: None.",
+        json_schema_extra=when("eval_every > 0"),
+    )
     checkpoint_every: int = Field(50, ge=0, description="Checkpoint every C steps; 0 = only at the end.",
                                   json_schema_extra=ALWAYS)
     sft_steps: int = Field(0, ge=0, description="SFT warm-start steps before RL (tiny model). Ours.",
@@ -526,19 +546,21 @@ class TrainConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _streaming_on_one_server(self) -> "TrainConfig":
-        # The one place that refuses streaming over a pool of servers; lift it once the pool streams.
-        v = self.rollout.vllm
-        if self.sampler.schedule == "streaming" and (v.num_servers > 1 or len(v.base_urls) > 1):
-            field = "rollout.vllm.num_servers" if v.num_servers > 1 else "rollout.vllm.base_urls"
-            raise ValueError(f"{field}: sampler.schedule 'streaming' runs on one vLLM server, and this asks for a pool "
-                             f"({v.num_servers if v.num_servers > 1 else len(v.base_urls)} servers); use one server "
-                             "(num_servers: 1, or base_url) or schedule: rounds")
+    def _async_needs_a_server(self) -> "TrainConfig":
+        k = self.rollout.async_steps
+        if k == 0:
+            return self
+        if self.rollout.engine != "vllm":
+            raise ValueError(f"rollout.async_steps: {k} needs rollout.engine: vllm (servers that generate while the "
+                             f"trainer updates); rollout.engine={self.rollout.engine!r} shares the trainer's weights, "
+                             "use rollout.async_steps: 0")
+        if self.rollout.vllm.sleep_during_update:
+            raise ValueError(f"rollout.async_steps: {k} keeps the servers generating during the update; "
+                             "rollout.vllm.sleep_during_update cannot be on with it")
+        if self.loss.tis_cap is None:
+            raise ValueError(f"rollout.async_steps: {k} trains on samples up to {k} update(s) old; set loss.tis_cap "
+                             "(e.g. 2.0) for the capped importance weight that corrects for it")
         return self
-
-
-class ConfigError(InputError, ValueError):
-    """A config value is invalid; the message names the dotted field."""
 
 
 def validate_config(data: dict[str, Any]) -> TrainConfig:

@@ -5,6 +5,10 @@
 - `prompts`: `load_prompts` (a generator or a file), the split, digests, the SFT draw.
 - `source`: `PromptSource`, the seeded, resumable prompt stream a run trains on.
 - `hf`: Hugging Face `datasets` for local files, cached under ADA_HOME (imported by name: it loads `datasets`).
+- `hub`: hub ids `org/name[@revision]` for models and datasets, resolved through the hub cache and pinned
+  to their commit (imported by name).
+- `suites`: named evaluation suites (`paper`: the paper's Table 1 benchmarks by hub id), the weighted
+  average and the accuracy table (imported by name).
 - `curation`: dedup, verifiable answers, difficulty filtering (imported by name).
 """
 

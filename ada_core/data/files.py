@@ -77,8 +77,11 @@ def detect_schema(columns: set[str]) -> str:
     )
 
 
-def load_dataset_file(path: str | Path, schema: str | None = None) -> list[Prompt]:
+def load_dataset_file(path: str | Path, schema: str | None = None, id_prefix: str | None = None) -> list[Prompt]:
     """Prompts from a local `.parquet` or `.jsonl` file in one of `SCHEMAS` (auto-detected if None).
+
+    Prompt ids are `<id_prefix>/<row id>`, the prefix defaulting to the file's stem (our own saved
+    prompts keep their ids as they are).
 
     A malformed row (missing or empty required field, wrong type, duplicate id) raises a
     ValueError naming the file, the 1-based row number and the field.
@@ -105,14 +108,14 @@ def load_dataset_file(path: str | Path, schema: str | None = None) -> list[Promp
             raise DatasetError(f"{path}: the file has no rows (it is empty or blank)")
         columns = set(parquet.schema_arrow.names)
         name = _schema_name(path, columns, schema)
-        records = _parquet_records(path, name, columns)
+        records = _parquet_records(path, name, columns, id_prefix or path.stem)
     else:
         columns, rows = _read_rows(path)
         if not rows:
             raise DatasetError(f"{path}: the file has no rows (it is empty or blank)")
         name = _schema_name(path, columns, schema)
         boxed = _boxed_from_solution(SCHEMAS[name], columns)
-        checked = [_record(name, SCHEMAS[name], row, n, path, boxed) for n, row in rows]
+        checked = [_record(name, SCHEMAS[name], row, n, path, boxed, id_prefix or path.stem) for n, row in rows]
         records = {key: [r[key] for r in checked] for key in RECORD_COLUMNS}
     _check_unique_ids(path, records, SCHEMAS[name].id or "id")
     if not records["id"]:
@@ -161,7 +164,8 @@ def _boxed_from_solution(spec: FileSchema, columns: set[str]) -> bool:
     return spec.answer not in columns and "solution" in columns
 
 
-def _record(name: str, spec: FileSchema, row: Any, n: int, path: Path, boxed_from_solution: bool) -> dict[str, Any]:
+def _record(name: str, spec: FileSchema, row: Any, n: int, path: Path, boxed_from_solution: bool,
+            prefix: str) -> dict[str, Any]:
     """One checked row as a flat record (`RECORD_COLUMNS`; meta as JSON), or a DatasetError naming row and field."""
     where = f"{path}: row {n}"
     if not isinstance(row, dict):
@@ -179,7 +183,7 @@ def _record(name: str, spec: FileSchema, row: Any, n: int, path: Path, boxed_fro
         raw_id = n
     elif not isinstance(raw_id, (str, int)) or isinstance(raw_id, bool):
         raise DatasetError(f"{where}: field '{spec.id}' must be a string or integer, got {type(raw_id).__name__}")
-    pid = str(raw_id) if name == "prompts" else f"{path.stem}/{raw_id}"
+    pid = str(raw_id) if name == "prompts" else f"{prefix}/{raw_id}"
     prompt = _make_prompt(name, spec, row, pid, text, answer, path, where)
     return {"row": n, "id": pid, "raw_id": repr(raw_id), "text": prompt.text, "answer": prompt.answer,
             "source": prompt.source, "difficulty": prompt.difficulty, "meta": json.dumps(prompt.meta, default=str)}
@@ -193,16 +197,17 @@ def _check_unique_ids(path: Path, records: dict[str, list], id_field: str) -> No
         first_row_of[pid] = n
 
 
-def _record_batch(batch: dict[str, list], indices: list[int], name: str, path: str, boxed: bool) -> dict[str, list]:
+def _record_batch(batch: dict[str, list], indices: list[int], name: str, path: str, boxed: bool,
+                  prefix: str) -> dict[str, list]:
     """`datasets.map` body: check a batch of parquet rows (1-based row = index + 1) into records."""
     spec, where = SCHEMAS[name], Path(path)
     columns = list(batch)
     rows = [{c: batch[c][i] for c in columns} for i in range(len(indices))]
-    out = [_record(name, spec, row, idx + 1, where, boxed) for row, idx in zip(rows, indices)]
+    out = [_record(name, spec, row, idx + 1, where, boxed, prefix) for row, idx in zip(rows, indices)]
     return {key: [r[key] for r in out] for key in RECORD_COLUMNS}
 
 
-def _parquet_records(path: Path, name: str, columns: set[str]) -> dict[str, list]:
+def _parquet_records(path: Path, name: str, columns: set[str], prefix: str) -> dict[str, list]:
     from ada_core.data.hf import RECORD_FEATURES, cached_map, load_parquet
 
     # Read only what some schema uses: OpenR1's generations columns alone are gigabytes.
@@ -212,7 +217,8 @@ def _parquet_records(path: Path, name: str, columns: set[str]) -> dict[str, list
     records = cached_map(
         table, _record_batch, batched=True, batch_size=1000, with_indices=True, remove_columns=table.column_names,
         features=RECORD_FEATURES, desc=f"checking {path.name}",
-        fn_kwargs={"name": name, "path": str(path), "boxed": _boxed_from_solution(SCHEMAS[name], columns)},
+        fn_kwargs={"name": name, "path": str(path), "boxed": _boxed_from_solution(SCHEMAS[name], columns),
+                   "prefix": prefix},
     )
     return records.to_dict()
 

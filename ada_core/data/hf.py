@@ -3,8 +3,10 @@
 `datasets` keeps every table as memory-mapped Arrow and caches each `map`/`filter` result by
 fingerprint (the input's fingerprint + the function and its arguments), so repeating a load or a
 curation stage on unchanged data reads the cached Arrow file instead of recomputing it. The cache
-lives in ADA_HOME/cache/hf_datasets; HF_DATASETS_OFFLINE and HF_HUB_OFFLINE are set (unless the
-user set them) before `datasets` is imported: nothing here ever reads from the hub.
+lives in ADA_HOME/cache/hf_datasets; HF_DATASETS_OFFLINE is set (unless the user set it) before
+`datasets` is imported: `datasets` itself never reads from the hub. Hub datasets are downloaded
+by ada_core/data/hub.py (huggingface_hub, into the hub cache) and read from there as local files,
+so HF_HUB_OFFLINE is left as the user set it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import datasets  # noqa: E402
 

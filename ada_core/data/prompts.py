@@ -5,7 +5,9 @@ Every prompt says how its answer is read from a completion in `meta["answer_form
 
 `load_prompts("arithmetic", 2048, seed=0)` generates; `load_prompts("chain_sum:2", ...)` generates
 reasoning-gym's chain_sum at curriculum level 2; `load_prompts("data/math500.parquet", ...)` loads a
-local parquet or jsonl file in one of the HF schemas below (auto-detected from its columns).
+local parquet or jsonl file in one of the HF schemas below (auto-detected from its columns);
+`load_prompts("open-r1/OpenR1-Math-220k@<rev>", ...)` loads a hub dataset's files the same way
+(ada_core/data/hub.py). An existing path wins over a generator name, and both over a hub id.
 """
 
 from __future__ import annotations
@@ -16,23 +18,28 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from ada_core.config import TrainConfig
+from ada_core.data import hub
 from ada_core.data.files import load_dataset_file
 from ada_core.data.generators import GENERATORS, generate_prompts
 from ada_core.errors import DatasetError
 from ada_core.records import Prompt
-
 
 # ---------------------------------------------------------------------------------------------
 # Digests: what MLflow's dataset inputs and the curation cache key on
 
 
 def data_digest(dataset: str) -> str:
-    """sha256 (first 16 hex) of a dataset file's bytes (a folder: its prompts.jsonl), or of a generator's name."""
+    """sha256 (first 16 hex) of a dataset file's bytes (a folder: its prompts.jsonl), of a generator's name,
+    or of a hub dataset's `org/name@<commit>` (a commit names its content)."""
     path = Path(dataset).expanduser()
     if path.is_dir():
         path = path / "prompts.jsonl"
     h = hashlib.sha256()
-    if path.is_file():
+    ref = hub_dataset(dataset)
+    if ref is not None:
+        h.update(f"hub:{hub.dataset_files(ref).snapshot.pinned}".encode())
+    elif path.is_file():
         with path.open("rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
@@ -62,7 +69,10 @@ def load_prompts(dataset: str, size: int | None = None, seed: int = 0) -> list[P
     them (in file order) when the file has more.
     """
     path = Path(dataset).expanduser()
-    if not path.exists():
+    ref = hub_dataset(dataset)
+    if ref is not None:
+        prompts = load_hub_prompts(ref)
+    elif not path.exists():
         match = _LEVEL_SUFFIX.match(dataset)
         name, level = (match["name"], int(match["level"])) if match else (dataset, None)
         if name.removeprefix("reasoning_gym/") in GENERATORS:
@@ -71,15 +81,48 @@ def load_prompts(dataset: str, size: int | None = None, seed: int = 0) -> list[P
             return generate_prompts(name, size, seed, difficulty=level)
         raise DatasetError(
             f"dataset {dataset!r}: no such file, and not a generator (choose from {sorted(GENERATORS)}, "
-            "optionally with :level)"
+            "optionally with :level) or a hub id (org/name[@revision])"
         )
-    if path.is_dir():
-        path = path / "prompts.jsonl"
-    prompts = load_dataset_file(path)
+    else:
+        prompts = load_dataset_file(path / "prompts.jsonl" if path.is_dir() else path)
     if size is not None and size < len(prompts):
         keep = sorted(random.Random(seed).sample(range(len(prompts)), size))
         prompts = [prompts[i] for i in keep]
     return prompts
+
+
+def hub_dataset(dataset: str) -> hub.HubRef | None:
+    """The hub id `dataset` names, or None: an existing path or a generator name is not one."""
+    if Path(dataset).expanduser().exists():
+        return None
+    match = _LEVEL_SUFFIX.match(dataset)
+    if (match["name"] if match else dataset).removeprefix("reasoning_gym/") in GENERATORS:
+        return None
+    return hub.parse_hub_id(dataset)
+
+
+def load_hub_prompts(ref: hub.HubRef, split: str | None = None) -> list[Prompt]:
+    """Every row of a hub dataset's default config and `split` (None: `train`, else its only split), its
+    files read like local ones; ids are `<name>/<row id>`, unique over all of its files."""
+    found = hub.dataset_files(ref, split)
+    prefix = ref.repo.split("/")[-1]
+    prompts: list[Prompt] = []
+    for file in found.files:
+        prompts.extend(load_dataset_file(file, id_prefix=prefix if len(found.files) == 1 else f"{prefix}/{file.stem}"))
+    for prompt in prompts:
+        prompt.meta.update({"hub_id": found.snapshot.pinned, "hub_split": found.split})
+    return prompts
+
+
+def pin_hub_ids(config: TrainConfig) -> TrainConfig:
+    """`config` with its model and dataset, where they are hub ids, pinned to `org/name@<commit>`
+    (resolved now: downloaded where the hub is reachable, from the cache otherwise)."""
+    model = config.model if Path(config.model).expanduser().exists() else hub.pin(config.model, "model")
+    ref = hub_dataset(config.data.dataset)
+    dataset = hub.dataset_files(ref).snapshot.pinned if ref is not None else config.data.dataset
+    if (model, dataset) == (config.model, config.data.dataset):
+        return config
+    return config.model_copy(update={"model": model, "data": config.data.model_copy(update={"dataset": dataset})})
 
 
 def split_prompts(prompts: Sequence[Prompt], eval_size: int, seed: int) -> tuple[list[Prompt], list[Prompt]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -53,15 +54,31 @@ class PromptSource:
         self.position += k
         return out
 
+    @property
+    def digest(self) -> str:
+        """sha256 of the prompts (id, text, answer) in input order: a cursor only means something over them."""
+        h = hashlib.sha256()
+        for p in self._prompts:
+            h.update(f"{p.id}\x1f{p.text}\x1f{p.answer}\x1e".encode())
+        return h.hexdigest()
+
     def state_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "epoch": self.epoch, "position": self.position, "size": len(self._prompts)}
+        return {"seed": self.seed, "epoch": self.epoch, "position": self.position, "size": len(self._prompts),
+                "digest": self.digest}
+
+    def mismatch(self, state: dict[str, Any]) -> str | None:
+        """Why a saved cursor cannot continue on these prompts, or None when it can."""
+        if state.get("size", len(self._prompts)) != len(self._prompts):
+            return (f"the prompt cursor was saved over {state['size']} training prompts but the data now gives "
+                    f"{len(self._prompts)}")
+        if state.get("digest", self.digest) != self.digest:
+            return f"the {len(self._prompts)} training prompts differ from those the prompt cursor was saved over"
+        return None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("size", len(self._prompts)) != len(self._prompts):
-            raise ValueError(
-                f"prompt source cursor was saved over {state['size']} prompts but this source has "
-                f"{len(self._prompts)}: resume with the same dataset"
-            )
+        problem = self.mismatch(state)
+        if problem is not None:
+            raise ValueError(f"{problem}: resume with the same dataset")
         self.seed = int(state["seed"])
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])

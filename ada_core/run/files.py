@@ -8,6 +8,7 @@
     ledger.json            the prompt ledger's run id and database (ada_core.run.ledger)
     run_info.json          written by the flows: label, seed, num_params, the MLflow run
     result.json            the train flow's return value, written last: the run finished
+    run.lock               flock'ed by the process writing the run, holds its pid (ada_core.run.folder)
 
 Per-step files are read with `read_jsonl`, which drops the torn last line a kill can leave, and
 trimmed back to a checkpoint's step on resume.
@@ -29,6 +30,7 @@ CHECKPOINTS = "checkpoints"
 RUN_INFO = "run_info.json"
 RESULT = "result.json"
 LEDGER = "ledger.json"
+LOCK = "run.lock"
 REFERENCE = "reference"
 PER_STEP_FILES = (METRICS, GENERATIONS)  # rows keyed by "step"; trimmed on resume
 

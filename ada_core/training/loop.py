@@ -1,7 +1,8 @@
 """The training loop, built from step functions the platform wraps as Prefect tasks.
 
 One step: prompts -> sampler (engine + verifier) -> advantages -> update -> weight sync. Every E
-steps it evaluates, every C steps it checkpoints. `train` is the only loop; the Prefect flow passes
+steps it evaluates, every C steps it checkpoints. With `rollout.async_steps > 0` the batches are drawn
+ahead on a rollout thread while the trainer updates (ada_core/training/feed.py); the loop is the same. `train` is the only loop; the Prefect flow passes
 task-wrapped versions of the same step functions through `StepFunctions`, so there is no second one.
 
 The run folder's files are named and read in ada_core/run/files.py.
@@ -21,6 +22,7 @@ import random
 import shutil
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,22 +35,30 @@ from tqdm.auto import tqdm
 from ada_core import metrics as K
 from ada_core.config import TrainConfig
 from ada_core.data import run_split
+from ada_core.data.prompts import pin_hub_ids
 from ada_core.data.source import PromptSource
+from ada_core.data.suites import load_suite, suite_metrics
 from ada_core.engines.deepspeed_engine import load_state
 from ada_core.engines.factory import build_rollout_engine, build_update_engine
-from ada_core.errors import DatasetError
+from ada_core.errors import ConfigError, DatasetError, ResumeError
 from ada_core.models import encode_prompts, load_policy
 from ada_core.protocols import RolloutEngine, SamplingParams, UpdateEngine
 from ada_core.records import Prompt, RolloutBatch
 from ada_core.rl.rewards import MathVerifier
 from ada_core.run import files
 from ada_core.run.checkpoints import (
-    CheckpointChoice, NoCheckpoint, latest_good_checkpoint, mark_complete, prune_checkpoints,
+    CheckpointChoice,
+    NoCheckpoint,
+    latest_good_checkpoint,
+    mark_complete,
+    prune_checkpoints,
 )
-from ada_core.run.folder import check_run_dir, claim_run_dir
-from ada_core.run.reference import keep_reference, reference_of
+from ada_core.run.folder import RunLock, check_run_dir, claim_run_dir
 from ada_core.run.ledger import Ledger
+from ada_core.run.reference import keep_reference, reference_of
+from ada_core.run.resume import check_resumable, checkpoint_source, read_saved_config
 from ada_core.sampling import make_sampler
+from ada_core.training.feed import AsyncFeed, SyncFeed, staleness_metrics
 from ada_core.training.start import start_model
 
 log = logging.getLogger(__name__)
@@ -84,6 +94,16 @@ class RunState:
     sampler: Any = None
     """Built once by `setup`: the budgeted sampler keeps per-prompt history across steps (saved in checkpoints)."""
     ledger: Ledger | None = None
+    suite: list[tuple[Any, list[Prompt]]] = field(default_factory=list)
+    """`config.eval_suite`'s benchmarks with their encoded prompts (ada_core/data/suites.py); empty without one."""
+    lock: RunLock | None = None
+    """This process's lock on `output_dir` (ada_core/run/folder.py), released last by `close`."""
+    drawing_step: int = 0
+    """The step whose batch the rollout is drawing (ahead of `step` under rollout.async_steps)."""
+    staged_weights: Any = None
+    """rollout.async_steps: the weights the last update wrote, until the feed queues their load."""
+    checkpoint_view: Any = None
+    """rollout.async_steps: the rollout side's state a checkpoint of this step saves (feed.Snapshot)."""
 
     @property
     def sampling(self) -> SamplingParams:
@@ -92,12 +112,16 @@ class RunState:
 
     def close(self) -> None:
         try:
-            if self.ledger is not None:
-                self.ledger.close()
-            self.verifier.close()
-            self.rollout.close()  # the vLLM engine stops its server
+            try:
+                if self.ledger is not None:
+                    self.ledger.close()
+                self.verifier.close()
+                self.rollout.close()  # the vLLM engine stops its server
+            finally:
+                self.updater.close()  # a rank group stops its actors (and the Ray it started)
         finally:
-            self.updater.close()  # a rank group stops its actors (and the Ray it started)
+            if self.lock is not None:
+                self.lock.release()  # last: the folder is free once nothing of this run writes it
 
 
 @dataclass
@@ -124,8 +148,11 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
     """Build models, data and engines; with `resume`, restore the newest good checkpoint of that run.
 
     `output_dir` must not hold another run (`ada_core.run.folder`): resume it, or `overwrite` to move the
-    old run aside first. Bad input (dataset, config) raises an `InputError` before the folder is
-    claimed, so nothing is written or moved.
+    old run aside first; no other live process may be writing it, and this one holds its lock until
+    `RunState.close`. A resume takes no config but the run's own: `config` may differ from the saved
+    `config.yaml` only in `ada_core.run.resume.RESUMABLE`, and its data must give the prompts the
+    checkpoint's cursor was saved over. Bad input (dataset, config, resume, prompts per step) raises an
+    `InputError` before the folder is claimed, so nothing is written or moved.
     """
     output_dir = Path(output_dir)
     choice = latest_good_checkpoint(Path(resume)) if resume else None
@@ -134,6 +161,8 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
         detail = "".join(f"; {p.name}: {why}" for p, why in choice.rejected)
         raise NoCheckpoint(f"--resume {resume}: no complete checkpoint under {Path(resume) / files.CHECKPOINTS}{detail}",
                            damaged=choice.damaged)
+    if checkpoint is not None:  # a resume is the same run: only ada_core.run.resume.RESUMABLE may differ
+        check_resumable(read_saved_config(resume), config, resume)
     if choice is not None and choice.rejected:
         log.warning("--resume %s: %s", resume, choice.describe())
     check_run_dir(output_dir, resume=resume, overwrite=overwrite)  # refuse early; claimed once inputs are read
@@ -141,7 +170,10 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
     saved_reference = reference_of(Path(resume)) if checkpoint is not None and config.loss.kl_coef > 0 else None
     _seed_everything(config.seed)
 
+    config = pin_hub_ids(config)  # hub ids -> org/name@<commit>, so config.yaml records what was read
     train_prompts, eval_prompts = run_split(config.data, config.seed)
+    check_prompts_per_step(config, len(train_prompts))  # before any model is loaded
+    suite = load_suite(config.eval_suite) if config.eval_suite else []
 
     if checkpoint is not None:
         model_dir = checkpoint / "hf"
@@ -150,37 +182,49 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
         model_dir, model, tokenizer = start_model(config.model, config.sft_steps, config.data.dataset,
                                                   train_prompts + eval_prompts, config.seed)
     train_prompts, eval_prompts, skipped = _encode_within_limit(tokenizer, train_prompts, eval_prompts, config)
-    moved = claim_run_dir(output_dir, resume=resume, overwrite=overwrite)
+    for _, bench_prompts in suite:  # every benchmark prompt is scored, as the paper does: no length cut
+        encode_prompts(tokenizer, bench_prompts)
+    check_prompts_per_step(config, len(train_prompts), after_skipping=skipped)
+    source = PromptSource(train_prompts, seed=config.seed)
+    if checkpoint is not None:
+        problem = source.mismatch(checkpoint_source(checkpoint))
+        if problem is not None:
+            raise ResumeError(f"resume {resume}: data.dataset {config.data.dataset}: {problem} (the dataset changed "
+                              "since the run started); resume with the same data, or start a new run")
+    moved, lock = claim_run_dir(output_dir, resume=resume, overwrite=overwrite)
     if moved is not None:
         log.warning("moved the run that was in %s aside to %s", output_dir, moved)
 
-    reference_dir = None
-    if config.loss.kl_coef > 0:
-        same_run = saved_reference is not None and saved_reference.parent.resolve() == output_dir.resolve()
-        reference_dir = saved_reference if same_run else keep_reference(saved_reference or model_dir, output_dir)
-    updater = build_update_engine(config, model, model_dir, tokenizer.pad_token_id, log_dir=output_dir / "ranks",
-                                  reference_dir=reference_dir)
-    step = _checkpoint_step(checkpoint) if checkpoint is not None else 0
-    try:
+    with ExitStack() as undo:  # what a set-up that fails from here takes down again, newest first
+        undo.callback(lock.release)
+        reference_dir = None
+        if config.loss.kl_coef > 0:
+            same_run = saved_reference is not None and saved_reference.parent.resolve() == output_dir.resolve()
+            reference_dir = saved_reference if same_run else keep_reference(saved_reference or model_dir, output_dir)
+        updater = build_update_engine(config, model, model_dir, tokenizer.pad_token_id, log_dir=output_dir / "ranks",
+                                      reference_dir=reference_dir)
+        undo.callback(updater.close)
+        step = _checkpoint_step(checkpoint) if checkpoint is not None else 0
         rollout = build_rollout_engine(config, model_dir, updater, tokenizer, output_dir, weight_version=step)
-    except BaseException:
-        updater.close()
-        raise
-    state = RunState(
-        config=config,
-        output_dir=output_dir,
-        tokenizer=tokenizer,
-        rollout=rollout,
-        updater=updater,
-        verifier=MathVerifier(),
-        source=PromptSource(train_prompts, seed=config.seed),
-        eval_prompts=eval_prompts,
-        rng=np.random.default_rng(config.seed),
-        num_params=sum(p.numel() for p in model.parameters()),
-        skipped_prompts=skipped,
-        resumed_from=choice,
-        sampler=make_sampler(config.sampler, config.advantage),
-    )
+        undo.callback(rollout.close)
+        state = RunState(
+            config=config,
+            output_dir=output_dir,
+            tokenizer=tokenizer,
+            rollout=rollout,
+            updater=updater,
+            verifier=MathVerifier(),
+            source=source,
+            eval_prompts=eval_prompts,
+            rng=np.random.default_rng(config.seed),
+            num_params=sum(p.numel() for p in model.parameters()),
+            skipped_prompts=skipped,
+            resumed_from=choice,
+            sampler=make_sampler(config.sampler, config.advantage),
+            suite=suite,
+            lock=lock,
+        )
+        undo.pop_all()  # from here `state.close()` takes everything down
     try:
         (output_dir / files.CONFIG).write_text(yaml.safe_dump(config.model_dump(), sort_keys=False))
         if checkpoint is not None:
@@ -190,6 +234,20 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
         state.close()  # a launched vLLM server must not outlive a failed set-up
         raise
     return state
+
+
+def check_prompts_per_step(config: TrainConfig, available: int, after_skipping: int = 0) -> None:
+    """`ConfigError` when a step would ask for more distinct prompts than the training set holds."""
+    if config.prompts_per_step <= available:
+        return
+    pool = f", data.train_pool={config.data.train_pool}" if config.data.train_pool is not None else ""
+    skipped = (f" after skipping {after_skipping} longer than data.max_prompt_tokens={config.data.max_prompt_tokens}"
+               if after_skipping else "")
+    raise ConfigError(
+        f"prompts_per_step={config.prompts_per_step} exceeds the {available} training prompts of data.dataset "
+        f"{config.data.dataset}{skipped} (data.train_size={config.data.train_size}, data.eval_size="
+        f"{config.data.eval_size} held out{pool}): lower prompts_per_step or give the run more prompts"
+    )
 
 
 def _encode_within_limit(tokenizer, train: list[Prompt], evals: list[Prompt],
@@ -222,8 +280,17 @@ def update_step(state: RunState, batch: RolloutBatch) -> dict[str, float]:
 
     An engine in another process (vLLM) gets the new weights once here, as weight version
     `step + 1`; with sleep mode it also sleeps through the update (sleep and wake-up count as sync
-    time). The in-process engine shares the weights: its sleep, wake-up and sync are no-ops."""
+    time). The in-process engine shares the weights: its sleep, wake-up and sync are no-ops.
+    With `rollout.async_steps > 0` the weights are only written here (`time/sync_s` is that write);
+    the rollout thread loads them between two batches (ada_core/training/feed.py)."""
     rollout = state.rollout
+    if state.config.rollout.async_steps > 0:
+        start = time.perf_counter()
+        metrics = state.updater.update(batch.groups)
+        metrics[K.TIME_UPDATE_S] = time.perf_counter() - start
+        state.staged_weights = rollout.stage_weights(state.updater.module, version=state.step + 1)
+        metrics[K.TIME_SYNC_S] = state.staged_weights.write_s
+        return metrics
     start = time.perf_counter()
     rollout.sleep()
     sleep_s = time.perf_counter() - start
@@ -238,30 +305,46 @@ def update_step(state: RunState, batch: RolloutBatch) -> dict[str, float]:
 
 
 def evaluate(state: RunState) -> dict[str, float]:
-    """avg@k and pass@k on the held-out prompts at the eval temperature; writes sampled generations."""
+    """avg@k and pass@k on the held-out prompts at the eval temperature, and on every benchmark of
+    `config.eval_suite` with their prompt-weighted average; writes sampled generations."""
     cfg = state.config
     sampling = SamplingParams(
-        temperature=cfg.eval_temperature, top_p=1.0, max_tokens=cfg.rollout.max_tokens, seed=cfg.seed + state.step
+        temperature=cfg.eval_temperature, top_p=1.0, max_tokens=cfg.eval_max_tokens or cfg.rollout.max_tokens,
+        seed=cfg.seed + state.step,
     )
-    k = cfg.eval_k
-    samples = state.rollout.generate([(p, k) for p in state.eval_prompts], sampling)
-    flat = [(p, s) for p, group in zip(state.eval_prompts, samples) for s in group]
+    avg, pass_k, rows = _score(state, state.eval_prompts, sampling)
+    with open(state.output_dir / files.GENERATIONS, "a") as fh:
+        for row in rows[: 8 * cfg.eval_k]:
+            fh.write(json.dumps(row) + "\n")
+    metrics = {K.EVAL_AVG_AT_K: avg, K.EVAL_PASS_AT_K: pass_k}
+    if state.suite:
+        scores = [(bench, len(prompts), *_score(state, prompts, sampling)[:2]) for bench, prompts in state.suite]
+        metrics.update(suite_metrics(scores))
+    return metrics
+
+
+def _score(state: RunState, prompts: list[Prompt], sampling: SamplingParams) -> tuple[float, float, list[dict]]:
+    """(avg@k, pass@k, one row per sample) of `prompts` at `config.eval_k` samples each."""
+    cfg, k = state.config, state.config.eval_k
+    samples = state.rollout.generate([(p, k) for p in prompts], sampling)
+    flat = [(p, s) for p, group in zip(prompts, samples) for s in group]
     verdicts = state.verifier.verify([(p, s.text) for p, s in flat])
-    rewards = np.array([v.reward for v in verdicts], dtype=float).reshape(len(state.eval_prompts), k)
+    rewards = np.array([v.reward for v in verdicts], dtype=float).reshape(len(prompts), k)
     correct = rewards > cfg.sampler.positive_threshold
     rows = [
         {"step": state.step, "prompt_id": p.id, "prompt": p.text, "answer": p.answer, "completion": s.text,
          "reward": v.reward, "status": v.status.value}
         for (p, s), v in zip(flat, verdicts)
     ]
-    with open(state.output_dir / files.GENERATIONS, "a") as fh:
-        for row in rows[: 8 * k]:
-            fh.write(json.dumps(row) + "\n")
-    return {K.EVAL_AVG_AT_K: float(correct.mean()), K.EVAL_PASS_AT_K: float(correct.any(axis=1).mean())}
+    return float(correct.mean()), float(correct.any(axis=1).mean()), rows
 
 
 def save_checkpoint(state: RunState) -> Path:
-    """Write HF weights, optimizer, RNG states and the data cursor; atomically (tmp dir, then rename)."""
+    """Write HF weights, optimizer, RNG states and the data cursor; atomically (tmp dir, then rename).
+
+    Under rollout.async_steps the rollout side's state (cursor, numpy RNG, sampler) is the one from
+    just before the next step's batch was drawn (`state.checkpoint_view`, set by the loop)."""
+    view = state.checkpoint_view
     if state.ledger is not None:
         state.ledger.flush()  # every row up to this step is committed before the checkpoint exists
     root = state.output_dir / files.CHECKPOINTS
@@ -276,10 +359,10 @@ def save_checkpoint(state: RunState) -> Path:
         "step": state.step,
         "totals": state.totals,
         "elapsed_s": state.elapsed_s,
-        "source": state.source.state_dict(),
-        "numpy_rng": state.rng.bit_generator.state,
+        "source": view.source if view else state.source.state_dict(),
+        "numpy_rng": view.numpy_rng if view else state.rng.bit_generator.state,
         "python_rng": _jsonable(random.getstate()),
-        "sampler": state.sampler.state_dict(),
+        "sampler": view.sampler if view else state.sampler.state_dict(),
         "ledger": state.ledger.state_dict() if state.ledger is not None else None,
     }
     (tmp / "trainer_state.json").write_text(json.dumps(trainer_state))
@@ -351,17 +434,31 @@ def run_steps(state: RunState, steps: StepFunctions = DEFAULT_STEPS, callbacks: 
     callbacks = callbacks or Callbacks()
     last: dict[str, float] = {}
     metrics_path = state.output_dir / files.METRICS
+    k = cfg.rollout.async_steps
+    feed = AsyncFeed(state, steps, k) if k > 0 else SyncFeed(state, steps)
+    meters = server_meters(state.rollout)
+    readings = [m.read() for m in meters]
     bar = tqdm(total=cfg.steps, initial=state.step, desc=f"{cfg.preset}", unit="step", dynamic_ncols=True)
     try:
         while state.step < cfg.steps:
             if state.step == 0 and cfg.eval_every > 0:
-                _run_eval(state, steps, callbacks, metrics_path)
+                _run_eval(state, feed, callbacks, metrics_path)
+                readings = [m.read() for m in meters]
             start = time.perf_counter()
-            batch = steps.rollout(state)
+            batch, fed = feed.next_batch()
+            update_start = time.perf_counter()
             update = steps.update(state, batch)
+            update_end = time.perf_counter()
+            update.update(fed)
+            update.update(feed.after_update(update_start, update_end))
+            update.update(staleness_metrics(batch, state.step, k))
             step_s = time.perf_counter() - start
             state.step += 1
             state.elapsed_s += step_s
+            now = [m.read() for m in meters]
+            for i, (a, b) in enumerate(zip(readings, now)):
+                update[K.server_idle_key(i)] = (b.empty_s - a.empty_s) / (b.at - a.at) if b.at > a.at else 0.0
+            readings = now
             if state.ledger is not None:  # queued here, written by the ledger's thread
                 state.ledger.record(state.step, batch.pools, {g.prompt.id for g in batch.groups})
             last = step_metrics(state, batch, update, step_s)
@@ -369,21 +466,39 @@ def run_steps(state: RunState, steps: StepFunctions = DEFAULT_STEPS, callbacks: 
             if callbacks.on_step:
                 callbacks.on_step(state.step, last)
             if cfg.eval_every > 0 and (state.step % cfg.eval_every == 0 or state.step == cfg.steps):
-                last.update(_run_eval(state, steps, callbacks, metrics_path))
+                last.update(_run_eval(state, feed, callbacks, metrics_path))
             if state.step == cfg.steps or (cfg.checkpoint_every > 0 and state.step % cfg.checkpoint_every == 0):
-                path = steps.checkpoint(state)
+                state.checkpoint_view = feed.checkpoint_view()
+                try:
+                    path = steps.checkpoint(state)
+                finally:
+                    state.checkpoint_view = None
                 if callbacks.on_checkpoint:
                     callbacks.on_checkpoint(state.step, path)
             bar.update(1)
             bar.set_postfix(reward=f"{last.get(K.REWARD_MEAN, 0):.3f}", eff=f"{last.get(K.SAMPLER_EFFECTIVE_RATIO, 0):.2f}",
                             acc=f"{last.get(K.EVAL_AVG_AT_K, float('nan')):.3f}")
+    except BaseException:
+        feed.close(quiet=True)
+        raise
+    else:
+        feed.close()
     finally:
         bar.close()
     return last
 
 
-def _run_eval(state: RunState, steps: StepFunctions, callbacks: Callbacks, metrics_path: Path) -> dict[str, float]:
-    result = steps.evaluate(state)
+def server_meters(rollout: RolloutEngine) -> list:
+    """The occupancy meter of each server behind `rollout` (a pool's members, or the engine's own)."""
+    members = getattr(rollout, "members", None)
+    if members is not None:
+        return [m.meter for m in members]
+    meter = getattr(rollout, "meter", None)
+    return [meter] if meter is not None else []
+
+
+def _run_eval(state: RunState, feed, callbacks: Callbacks, metrics_path: Path) -> dict[str, float]:
+    result = feed.evaluate()
     files.append_jsonl(metrics_path, {"step": state.step, **result})
     if callbacks.on_eval:
         callbacks.on_eval(state.step, result, files.read_generations(state.output_dir, state.step))

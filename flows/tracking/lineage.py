@@ -17,32 +17,49 @@ def log_dataset_inputs(client: MlflowClient, run_id: str, source: str, splits: d
     difficulty), its digest `ada_core.data.prompts_digest` and, as source, the file or generator
     it was drawn from, with that source's digest (`data_digest`, what the curation cache keys on)
     as a tag; `tags` are added to every input (a curated set names the dataset it was curated from).
+    A hub dataset (`org/name@<commit>`) is logged as a Hugging Face source with its repo, split and
+    commit as the revision (also the `ada.hub_revision` tag).
     """
     import mlflow.data
     from mlflow.data.code_dataset_source import CodeDatasetSource
+    from mlflow.data.huggingface_dataset_source import HuggingFaceDatasetSource
     from mlflow.entities import DatasetInput, InputTag
 
     from ada_core.data import data_digest, prompts_digest
     from ada_core.data.hf import prompts_dataset
+    from ada_core.data.prompts import hub_dataset
 
     path = Path(source)
     origin = path / "prompts.jsonl" if path.is_dir() else path
     source_digest = data_digest(source)
+    hub_ref = hub_dataset(source)
+    hub_tags: dict[str, str] = {}
+    if hub_ref is not None:
+        from ada_core.data.hub import dataset_files
+
+        found = dataset_files(hub_ref)  # the cached snapshot the run read: no download
+        hub_tags = {"ada.hub_revision": found.snapshot.pinned}
     digests, inputs = {}, []
     for context, prompts in splits.items():
         if not prompts:
             continue
         digest = prompts_digest(prompts)
         name = f"{origin.parent.name + '/' + origin.name if origin.is_file() else source}:{context}"
-        mlflow_source = (origin.resolve().as_uri() if origin.is_file()
-                         else CodeDatasetSource(tags={"ada.generator": source}))
+        if hub_ref is not None:
+            name = f"{found.snapshot.repo}:{context}"
+            mlflow_source = HuggingFaceDatasetSource(path=found.snapshot.repo, config_name=found.config,
+                                                     split=found.split, revision=found.snapshot.commit)
+        elif origin.is_file():
+            mlflow_source = origin.resolve().as_uri()
+        else:
+            mlflow_source = CodeDatasetSource(tags={"ada.generator": source})
         with warnings.catch_warnings():  # a file:// URI matches two of MLflow's local source types; either is right
             warnings.simplefilter("ignore", UserWarning)
             dataset = mlflow.data.from_huggingface(prompts_dataset(prompts, digest), source=mlflow_source, name=name,
                                                    digest=digest)
         inputs.append(DatasetInput(dataset._to_mlflow_entity(), tags=[
             InputTag("mlflow.data.context", context), InputTag("ada.source_digest", source_digest),
-            *(InputTag(k, str(v)) for k, v in (tags or {}).items()),
+            *(InputTag(k, str(v)) for k, v in {**hub_tags, **(tags or {})}.items()),
         ]))
         digests[context] = digest
     if inputs:

@@ -7,6 +7,7 @@ rows of an MLflow run.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,22 @@ def log_generations(client: MlflowClient, run_id: str, step: int, rows: list[dic
     client.log_table(run_id, data=columns, artifact_file=f"generations/step_{step:06d}.json")
 
 
+def log_accuracy_table(client: MlflowClient, run_id: str, markdown: str, metrics: dict[str, float],
+                       step: int = 0) -> None:
+    """A suite's accuracy table as `suite/accuracy_step_N.md` and as an MLflow table (`suite/accuracy_step_N.json`:
+    one row per benchmark, then the weighted average)."""
+    from ada_core.data.suites import PREFIX, WEIGHTED_KEY
+
+    client.log_text(run_id, markdown, f"suite/accuracy_step_{step:06d}.md")
+    benches = sorted({key.split("/")[1] for key in metrics if key.startswith(PREFIX + "/")} - {"weighted"})
+    rows = [{"benchmark": b, "prompts": int(metrics[f"{PREFIX}/{b}/prompts"]), "avg_at_k": metrics[f"{PREFIX}/{b}/avg_at_k"],
+             "pass_at_k": metrics[f"{PREFIX}/{b}/pass_at_k"]} for b in benches]
+    rows.append({"benchmark": "weighted_average", "prompts": sum(r["prompts"] for r in rows),
+                 "avg_at_k": metrics[WEIGHTED_KEY], "pass_at_k": None})
+    client.log_table(run_id, data={key: [r[key] for r in rows] for key in rows[0]},
+                     artifact_file=f"suite/accuracy_step_{step:06d}.json")
+
+
 def checkpoint_artifact_path(checkpoint: Path) -> str:
     return f"checkpoints/{checkpoint.name}"
 
@@ -132,10 +149,12 @@ class RunLogger:
     tens of ms, once per checkpoint. Tables and checkpoints are written synchronously.
     """
 
-    def __init__(self, client: MlflowClient, run_id: str):
+    def __init__(self, client: MlflowClient, run_id: str, suite_table: Callable[[dict[str, float]], str] | None = None):
         self.client = client
         self.run_id = run_id
         self._rows: list[tuple[int, list[Metric]]] = []
+        self.suite_table = suite_table
+        """Markdown of an evaluation's suite metrics (`config.eval_suite`), logged with them as a table."""
 
     def _add(self, metrics: dict[str, float], step: int) -> None:
         now_ms = int(time.time() * 1000)
@@ -162,6 +181,8 @@ class RunLogger:
     def on_eval(self, step: int, metrics: dict[str, float], generations: list[dict[str, Any]]) -> None:
         self._add(metrics, step)
         log_generations(self.client, self.run_id, step, generations)
+        if self.suite_table is not None:
+            log_accuracy_table(self.client, self.run_id, self.suite_table(metrics), metrics, step)
 
     def on_checkpoint(self, step: int, path: Path) -> None:
         covered = [row for s, row in self._rows if s <= step]

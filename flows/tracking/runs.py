@@ -21,6 +21,7 @@ from uuid import UUID
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
+from ada_core.errors import ResumeError, RunInUse
 from ada_core.run.files import read_run_info
 
 log = logging.getLogger(__name__)
@@ -119,8 +120,9 @@ def take_over(client: MlflowClient, run_id: str, on_killed: OnKilled | None = No
     """Before a resume reopens `run_id`: refuse if its process still runs, else mark the dead attempt."""
     run = client.get_run(run_id)
     if run.info.status == "RUNNING" and owner_alive(run.data.tags):
-        raise RuntimeError(f"MLflow run {run_id} is still running in process {run.data.tags.get(PID)}; "
-                           "stop it before resuming")
+        pid = run.data.tags.get(PID)
+        raise RunInUse(f"MLflow run {run_id} is still running in process {pid}; stop it (`kill {pid}`) or wait "
+                       "for it to end before resuming", pid=int(pid) if pid else None)
     mark_dead(client, run_id, "resumed after its process died", on_killed)
 
 
@@ -152,11 +154,11 @@ def resolve(resume: str, client: MlflowClient, experiment: str) -> ResumeTarget:
     try:
         run = client.get_run(resume)
     except MlflowException:
-        raise ValueError(f"resume: {resume!r} is neither a run folder nor an MLflow run id at "
-                         f"{client.tracking_uri}") from None
+        raise ResumeError(f"resume: {resume!r} is neither a run folder nor an MLflow run id at "
+                          f"{client.tracking_uri}") from None
     run_dir = run.data.params.get("run_dir")
     if not run_dir:
-        raise ValueError(f"resume: MLflow run {resume} has no run_dir param; resume from its folder instead")
+        raise ResumeError(f"resume: MLflow run {resume} has no run_dir param; resume from its folder instead")
     return ResumeTarget(Path(run_dir), resume)
 
 

@@ -11,17 +11,13 @@ from ada_core.config.schema import OptimConfig
 STREAMING = {"sampler": {"schedule": "streaming"}, "rollout": {"engine": "vllm"}}
 
 
-def test_streaming_over_a_pool_of_servers_is_refused_at_config_time():
-    for vllm, field in (({"num_servers": 2}, "num_servers"),
-                        ({"base_urls": ["http://127.0.0.1:9", "http://127.0.0.1:10"]}, "base_urls")):
-        with pytest.raises(ConfigError, match=rf"rollout\.vllm\.{field}: sampler\.schedule 'streaming' runs on one"):
-            build_config("ada-balance", "tiny", overrides={**STREAMING, "rollout": {"engine": "vllm", "vllm": vllm}})
-    # One server, launched or attached (a pool of one included), streams.
+def test_streaming_over_a_pool_of_servers_builds():
+    # Issue 20 lifted the refusal: the pool streams (tests/services/test_vllm_pool.py).
+    for vllm in ({"num_servers": 2}, {"base_urls": ["http://127.0.0.1:9", "http://127.0.0.1:10"]},
+                 {"base_urls": ["http://127.0.0.1:9"]}):
+        cfg = build_config("ada-balance", "tiny", overrides={**STREAMING, "rollout": {"engine": "vllm", "vllm": vllm}})
+        assert cfg.sampler.schedule == "streaming"
     build_config("ada-balance", "tiny", overrides=STREAMING)
-    build_config("ada-balance", "tiny", overrides={**STREAMING, "rollout": {"engine": "vllm", "vllm": {
-        "base_urls": ["http://127.0.0.1:9"]}}})
-    # The same pool under schedule: rounds is fine.
-    build_config("ada-balance", "tiny", overrides={"rollout": {"engine": "vllm", "vllm": {"num_servers": 2}}})
 
 
 def test_zero_stage_3_is_refused_by_the_schema():

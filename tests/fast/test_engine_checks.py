@@ -76,3 +76,19 @@ def test_distributed_config_from_the_command_line_and_its_errors():
         build_config("grpo", "tiny", overrides={"distributed": {"placement_strategy": "ANYWHERE"}})
     for name, field in DistributedConfig.model_fields.items():
         assert field.description, f"distributed.{name} has no description"
+
+
+def test_async_rollout_is_refused_where_it_cannot_apply():
+    with pytest.raises(ConfigError, match=r"rollout\.async_steps: 1 needs rollout\.engine: vllm.*'transformers'"):
+        build_config("grpo", "tiny", overrides={"rollout": {"async_steps": 1}, "loss": {"tis_cap": 2.0}})
+    with pytest.raises(ConfigError, match=r"rollout\.async_steps: 2 .*set loss\.tis_cap"):
+        build_config("grpo", "tiny", overrides={"rollout": {"engine": "vllm", "async_steps": 2}})
+    with pytest.raises(ConfigError, match=r"rollout\.async_steps: 1 .*rollout\.vllm\.sleep_during_update"):
+        build_config("grpo", "tiny", overrides={"rollout": {"engine": "vllm", "async_steps": 1,
+                                                            "vllm": {"sleep_during_update": True}},
+                                                "loss": {"tis_cap": 2.0}})
+    with pytest.raises(ConfigError, match=r"rollout\.async_steps"):
+        build_config("grpo", "tiny", overrides={"rollout": {"engine": "vllm", "async_steps": -1}})
+    ok = build_config("ada-balance", "tiny", overrides={"rollout": {"engine": "vllm", "async_steps": 1},
+                                                        "sampler": {"schedule": "streaming"}, "loss": {"tis_cap": 2.0}})
+    assert ok.rollout.async_steps == 1 and build_config("grpo", "tiny").rollout.async_steps == 0

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from pydantic import ValidationError
 
 from ada_core.config import ConfigError
-from flows.params import CompareParams, SweepParams, TrainParams, nest_dotted
+from flows.params import (
+    CompareParams,
+    CurateParams,
+    SweepParams,
+    TrainParams,
+    nest_dotted,
+)
 
 
 def test_parameter_models_validate_fields():
@@ -56,3 +64,49 @@ def test_failures_markdown_links_the_flow_run():
     assert "## Failed children (2)" in text
     assert "`ada-balance` seed 1: **CRASHED**, [flow run abc](http://127.0.0.1:4200/runs/flow-run/abc): worker lost" in text
     assert "`grpo-matched` seed 1: **NOT_RUN**, no flow run: its reference ada-balance-s1 failed" in text
+
+
+def test_every_override_key_is_checked_when_the_parameters_are_validated():
+    """An unknown key, a value of the wrong type, or a key the flow sets itself is refused with the key named;
+    the seed and preset given in overrides used to run silently under another seed's and preset's name."""
+    refusals = {
+        "unknown key 'sampler.MM': sampler has no field 'MM'": {"sampler.MM": 3},
+        "unknown key 'sampler.MM'": {"sampler": {"MM": 3}},
+        "'sampler.M': Input should be a valid integer": {"sampler.M": "eight"},
+        "'optim.lr': Input should be greater than 0": {"optim.lr": -1},
+        "unknown key 'sampler.M.x': sampler.M is a value": {"sampler.M.x": 1},
+        "'seed' is set by this flow's own `seed` field": {"seed": 3},
+        "'preset' is set by this flow's own `preset` field": {"preset": "grpo"},
+        "'rollout.engine' is set by this flow's own `engine` field": {"rollout": {"engine": "vllm"}},
+    }
+    for shown, overrides in refusals.items():
+        with pytest.raises(ValidationError, match=re.escape(shown)):
+            TrainParams(overrides=overrides)
+    with pytest.raises(ValidationError, match=re.escape("'seed' is set by this flow's own `seeds` field")):
+        CompareParams(overrides={"seed": 1})
+    with pytest.raises(ValidationError, match=re.escape("'sampler.M' is set by this flow's own `M` field")):
+        SweepParams(overrides={"sampler.M": 2})
+    with pytest.raises(ValidationError, match=re.escape("unknown key 'data.curation'")):
+        CurateParams(overrides={"data.curation": 16})
+    assert TrainParams(overrides={"sampler.M": 2, "optim": {"lr": 1e-4}}).config().optim.lr == 1e-4
+
+
+def test_a_resume_carries_only_what_was_given():
+    assert TrainParams(resume="run").resume_overrides() == {}
+    given = TrainParams(resume="run", steps=9, engine="transformers", overrides={"eval_every": 3})
+    assert given.resume_overrides() == {"steps": 9, "rollout": {"engine": "transformers"}, "eval_every": 3}
+
+
+def test_the_parameter_schema_names_the_override_keys_so_the_server_refuses_a_run_at_creation():
+    """A deployment enforces its parameter schema when a flow run is created (the Prefect form, the API):
+    `overrides` lists its keys there, so an unknown one is refused before any worker picks the run up."""
+    from prefect.utilities.callables import parameter_schema
+    from prefect.utilities.schema_tools import validate
+
+    from flows.train import train
+
+    schema = parameter_schema(train).model_dump_for_openapi()
+    validate({"params": {"overrides": {"sampler.M": 2, "optim": {"lr": 1e-4}}}}, schema, raise_on_error=True)
+    for key in ("sampler.MM", "seed"):
+        with pytest.raises(Exception, match=rf"'{re.escape(key)}' is not one of"):
+            validate({"params": {"overrides": {key: 1}}}, schema, raise_on_error=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
+from pydantic import ValidationError
 
 from ada_core import metrics as K
 from ada_core.sampling.budget import matched_grpo_prompts
@@ -332,21 +333,24 @@ def test_invalid_values_fail_before_any_mlflow_run(flows_env, monkeypatch, tmp_p
     from flows.compare import compare
     from flows.train import train
 
-    with pytest.raises(ConfigError, match=r"sampler\.n"):
-        train(TrainParams(overrides={"sampler.n": 1}, experiment="flows-invalid"))
+    with pytest.raises(ValidationError, match=r"overrides: 'sampler\.n': Input should be greater than or equal to 2"):
+        TrainParams(overrides={"sampler.n": 1}, experiment="flows-invalid")  # refused by the parameters themselves
+    with pytest.raises(ConfigError, match=r"sampler\.M0 \+ \(sampler\.N - 1\) \* sampler\.M = 2 must be >= sampler\.n = 4"):
+        train(TrainParams(overrides={"sampler.M": 1, "sampler.N": 2}, experiment="flows-invalid"))  # a combination
     monkeypatch.setenv("ADA_VLLM_PYTHON", str(tmp_path / "no-such-env" / "python"))
     with pytest.raises(ConfigError, match=r"rollout\.engine.*make vllm-env"):
         train(TrainParams(engine="vllm", experiment="flows-invalid"))
-    with pytest.raises(ConfigError, match=r"optim\.lr"):
-        compare(CompareParams(variants=["grpo", "ada-balance"], overrides={"optim.lr": -1}, experiment="flows-invalid"))
+    with pytest.raises(ValidationError, match=r"optim\.lr"):
+        CompareParams(variants=["grpo", "ada-balance"], overrides={"optim.lr": -1}, experiment="flows-invalid")
     with pytest.raises(Exception, match="matched_grpo"):  # Prefect validates the pydantic parameter model
         compare(params={"variants": ["grpo"], "matched_grpo": True, "experiment": "flows-invalid"})
-    used = tmp_path / "used-run"
-    used.mkdir()
+    used = tmp_path / "used-run"  # a run with a checkpoint: something to resume, so not overwritten silently
+    (used / "checkpoints" / "step_000001").mkdir(parents=True)
+    (used / "checkpoints" / "step_000001" / "COMPLETE").write_text("ok\n")
     (used / "metrics.jsonl").write_text('{"step": 1}\n')
     with pytest.raises(RunDirError, match="already holds a run"):
         train(TrainParams(output_dir=str(used), experiment="flows-invalid"))
-    assert sorted(p.name for p in used.iterdir()) == ["metrics.jsonl"]
+    assert sorted(p.name for p in used.iterdir()) == ["checkpoints", "metrics.jsonl"]
     assert flows_env.get_experiment_by_name("flows-invalid") is None
 
 

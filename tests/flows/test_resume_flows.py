@@ -227,6 +227,44 @@ def test_a_flow_level_retry_resumes_from_the_last_checkpoint(resume_env, tmp_pat
     assert_one_value_per_step(client, result["run_id"], rows)
 
 
+def test_a_resume_given_only_the_run_folder_continues_the_runs_own_config(resume_env, tmp_path):
+    """TrainParams' defaults (ada-balance, curate) are not the run's: the resume takes the run's config.yaml,
+    refuses a value that differs from it before anything is written, and records what it let change."""
+    from flows.train import train
+
+    client = resume_env
+    out = tmp_path / "own"
+    first = train(TrainParams(**{**TRAIN, "steps": 2, "experiment": "resume-own"}, output_dir=str(out)))
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.is_file()}
+    with pytest.raises(Exception, match=r"resume .*would change what the run is: preset: grpo -> ada-balance"):
+        train(TrainParams(resume=str(out), preset="ada-balance", curate=False, steps=3, experiment="resume-own"))
+    with pytest.raises(Exception, match=r"optim\.lr: 0\.0003 -> 0\.001"):
+        train(TrainParams(resume=str(out), overrides={"optim.lr": 1e-3}, experiment="resume-own"))
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.is_file()} == before
+    assert client.get_run(first["run_id"]).info.status == "FINISHED"
+
+    result = train(TrainParams(resume=str(out), steps=3, experiment="resume-own"))
+    run = client.get_run(first["run_id"])
+    assert (result["run_id"], result["preset"], result["variant"]) == (first["run_id"], "grpo", "grpo")
+    assert run.data.tags["ada.resume_changes"] == "steps: 2 -> 3" and run.data.tags["ada.preset"] == "grpo"
+    assert [r["step"] for r in read_metrics(out) if "time/step_s" in r] == [1, 2, 3]
+    assert_one_value_per_step(client, first["run_id"], read_metrics(out))
+
+
+def test_an_override_the_flow_sets_itself_is_refused_by_the_flow_call(resume_env, tmp_path):
+    """`overrides: {seed: 3}` ran seed 3 under the name, tags and report of seed 0; now the parameters refuse it."""
+    from flows.train import train
+
+    used = tmp_path / "used"  # a folder the old code refused later, for another reason
+    (used / "checkpoints" / "step_000001").mkdir(parents=True)
+    (used / "checkpoints" / "step_000001" / "COMPLETE").write_text("ok\n")
+    (used / "metrics.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(Exception, match=r"overrides: 'seed' is set by this flow's own `seed` field"):
+        train(params={**TRAIN, "overrides": {**OVERRIDES, "seed": 3}, "output_dir": str(used)})
+    with pytest.raises(Exception, match=r"overrides: unknown key 'sampler\.MM'"):
+        train(params={**TRAIN, "overrides": {**OVERRIDES, "sampler.MM": 3}, "output_dir": str(used)})
+
+
 @pytest.mark.parametrize("crash_in", ["metrics", "upload"])
 def test_a_crash_in_the_final_checkpoints_send_loses_nothing_on_resume(resume_env, tmp_path, monkeypatch, crash_in):
     """The run crashes while the final checkpoint goes to MLflow: before its metric rows are sent, or with

@@ -132,7 +132,7 @@ def test_cli_input_errors_share_one_exit_code_and_write_nothing(tmp_path, ada_ho
         "field 'problem' is not valid UTF-8": ["--dataset", str(bad_bytes)],
         "the file has no rows": ["--dataset", str(empty)],
         "longer than data.max_prompt_tokens": ["--dataset", str(long_only), "--set", "data.eval_size=1",
-                                               "--set", "sft_steps=0"],
+                                               "--set", "sft_steps=0", "--set", "prompts_per_step=1"],
         "not valid YAML": ["--config", str(bad_yaml)],
         "sampler.n": ["--set", "sampler.n=1"],
         "no such file, and not a generator": ["--dataset", str(tmp_path / "missing.jsonl")],

