@@ -15,6 +15,14 @@ would keep to itself. A child that ends in any state but Completed is recorded a
 A child waiting for a slot is already a Running flow run on its worker (Prefect has no per-group
 gate before Running), so with `max_parallel` below the number of workers, a worker can sit on a
 waiting child. Its MLflow run starts only once it holds the slots.
+
+When the parent fails or is cancelled (any exception, Prefect's TerminationSignal on a worker's
+SIGTERM or a KeyboardInterrupt included), every child still pending is cancelled (a Running one is
+set Cancelling, which its worker acts on by stopping it) and the group's limit is deleted. A
+resumed group (`resume`) that finds the limit of an earlier attempt replaces it: that attempt's
+children are gone, and their slots with them. A parent killed outright (SIGKILL, a lost machine)
+runs no clean-up: its children finish, and the limit stays until the group is resumed or
+`prefect gcl delete <group>`.
 """
 
 from __future__ import annotations
@@ -30,7 +38,8 @@ from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.client.schemas.objects import FlowRun, WorkerStatus
 from prefect.deployments import run_deployment
-from prefect.exceptions import ObjectNotFound
+from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+from prefect.states import Cancelled, Cancelling
 
 from flows import tracking
 from flows.params import GroupSettings, TrainParams
@@ -66,15 +75,24 @@ def check_setup(params: GroupSettings) -> None:
 
 
 def open_group_limit(group: str, max_parallel: int) -> str:
-    """A concurrency limit of `max_parallel` slots for this group's children only; its name is the group's."""
+    """A concurrency limit of `max_parallel` slots for this group's children only; its name is the group's.
+
+    One of that name left by an earlier attempt of the group (a resume after the parent was killed) is
+    deleted and made afresh: the slots it still counts were held by that attempt's children."""
+    create = GlobalConcurrencyLimitCreate(name=group, limit=max_parallel)
     with get_client(sync_client=True) as client:
-        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=group, limit=max_parallel))
+        try:
+            client.create_global_concurrency_limit(create)
+        except ObjectAlreadyExists:
+            get_run_logger().warning("concurrency limit %r was left by an earlier attempt of this group; "
+                                     "made afresh", group)
+            client.delete_global_concurrency_limit_by_name(group)
+            client.create_global_concurrency_limit(create)
     return group
 
 
 def close_group_limit(name: str) -> None:
-    """Delete the group's limit once no child can hold it. After a parent crash it stays until
-    `prefect gcl delete <group>`: children still running keep their slots and finish."""
+    """Delete the group's limit once no child can hold it (also when the parent fails or is cancelled)."""
     with get_client(sync_client=True) as client:
         try:
             client.delete_global_concurrency_limit_by_name(name)
@@ -89,6 +107,17 @@ def submit(params: TrainParams, deployment: str, group: str) -> UUID:
         flow_run_name=params.run_name, tags=["ada", group, f"variant:{params.variant}", f"seed:{params.seed}"],
     )
     return run.id
+
+
+def cancel_children(flow_run_ids: list[UUID], reason: str) -> None:
+    """Cancel each flow run not yet final: one no worker has started is Cancelled at once, a Running
+    one is set Cancelling, which its worker acts on (it stops the process and marks it Cancelled)."""
+    with get_client(sync_client=True) as client:
+        for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=flow_run_ids))):
+            if run.state is None or run.state.is_final():
+                continue
+            started = run.state.is_running() or run.state.is_paused()
+            client.set_flow_run_state(run.id, (Cancelling if started else Cancelled)(message=reason), force=True)
 
 
 def wait_for_any(pending: dict[UUID, TrainParams], poll_s: float) -> list[FlowRun]:
@@ -125,6 +154,30 @@ def run_deployments(
     group_limit = open_group_limit(group, params.max_parallel) if params.max_parallel else None
     limits += [group_limit] if group_limit else []
     pending: dict[UUID, TrainParams] = {}
+    try:
+        return _submit_and_gather(children, follow_up, params, group, client, experiment_id, tracking_uri, plan,
+                                  limits, pending)
+    except BaseException as err:  # failed or cancelled: no child may go on without its parent
+        if pending:
+            logger.warning("%s ended (%s): cancelling its %d unfinished children", group, type(err).__name__,
+                           len(pending))
+            try:
+                cancel_children(list(pending), f"its parent {group} ended: {type(err).__name__}: {err}"[:500])
+            except Exception as cancel_err:  # noqa: BLE001 - the parent's own error is the one raised
+                logger.error("cancelling the children of %s failed: %s", group, cancel_err)
+        raise
+    finally:
+        if group_limit:
+            close_group_limit(group_limit)
+
+
+def _submit_and_gather(
+    children: list[TrainParams], follow_up: FollowUp, params: GroupSettings, group: str,
+    client: tracking.MlflowClient, experiment_id: str, tracking_uri: str, plan: Plan, limits: list[str],
+    pending: dict[UUID, TrainParams],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """`run_deployments`' body; `pending` (flow run id -> params) holds the children not yet final."""
+    logger = get_run_logger()
 
     results: list[dict[str, Any]] = []
     failures: list[dict[str, Any]] = []
@@ -159,6 +212,4 @@ def run_deployments(
             else:
                 failures.append(failure_record(child, run.id, run.state.type.value, run.state.message or ""))
                 logger.warning("%s ended %s: %s", child.run_name, run.state.type.value, run.state.message)
-    if group_limit:
-        close_group_limit(group_limit)
     return results, failures

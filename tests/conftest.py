@@ -11,7 +11,8 @@ The tiers, cheapest first (`make test-fast` runs the first alone; `make test` ru
   costly builds (the tiny model, SFT warm starts, curated sets) are made once and reused.
 - `tiny_model`: the tiny model's HF folder, built once.
 - `prefect_harness`: Prefect's test harness (a temporary server and database), started once.
-- `postgres_uri`: a fresh database on the local PostgreSQL server, dropped at the end.
+- `postgres_uri`: a fresh database on the local PostgreSQL server, dropped at the end (`fresh_postgres_uri`:
+  one per test).
 - `free_port`: a free loopback port.
 - `infra_ui`: infra/ui.py (what `make ui` runs) as a module.
 - `vllm_server`: one real vLLM server (from `.venv-vllm`, `make vllm-env`) serving the tiny model;
@@ -24,6 +25,7 @@ import importlib.util
 import os
 import socket
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -66,9 +68,9 @@ def prefect_harness(ada_home):
             yield
 
 
-@pytest.fixture(scope="session")
-def postgres_uri():
-    """`postgresql://postgres@127.0.0.1:5432/<unique db>`; skipped when no server answers."""
+@contextmanager
+def postgres_database():
+    """A fresh database on the local PostgreSQL server, dropped at the end; skipped when no server answers."""
     psycopg2 = pytest.importorskip("psycopg2")
     name = f"ada_test_{uuid.uuid4().hex[:12]}"
     try:
@@ -88,6 +90,20 @@ def postgres_uri():
             )
             cur.execute(f'DROP DATABASE IF EXISTS "{name}"')
         admin.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_uri():
+    """`postgresql://postgres@127.0.0.1:5432/<unique db>`, one for the session."""
+    with postgres_database() as uri:
+        yield uri
+
+
+@pytest.fixture
+def fresh_postgres_uri():
+    """Like `postgres_uri`, but a database of the test's own, empty when it starts."""
+    with postgres_database() as uri:
+        yield uri
 
 
 @pytest.fixture(scope="session")
@@ -116,4 +132,28 @@ def vllm_server(tiny_model, tmp_path_factory):
 
     log_path = tmp_path_factory.mktemp("vllm") / "server.log"
     with VLLMServer(tiny_model, dtype="float32", log_path=log_path, startup_timeout_s=600) as server:
-        yield server
+        patch = pytest.MonkeyPatch()  # runs attach with `rollout.vllm.base_url`; the key goes by the environment
+        patch.setenv("ADA_VLLM_API_KEY", server.api_key)
+        try:
+            yield server
+        finally:
+            patch.undo()
+
+
+# Under pytest-xdist (`make test` runs two workers, `--dist loadgroup`), a module runs whole on one
+# worker, in file order, so its module fixtures start once and its tests see each other's effects as
+# written; modules that share a costly session server (one vLLM server, one `make ui` stack) run on
+# the same worker, so that server starts once, not once per worker.
+_SHARED_SERVERS = ("vllm_server", "ui_stack")
+
+
+def pytest_collection_modifyitems(config, items):
+    group = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        names = getattr(item, "fixturenames", ())
+        shared = next((name for name in _SHARED_SERVERS if name in names), None)
+        if shared or module not in group:
+            group[module] = shared or group.get(module) or module
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group[item.nodeid.split("::", 1)[0]]))

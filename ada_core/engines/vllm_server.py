@@ -6,9 +6,16 @@ to it over HTTP on loopback. The launcher:
 
 - starts `python -m vllm.entrypoints.openai.api_server` with `VLLM_SERVER_DEV_MODE=1`, which
   exposes the endpoints weight sync needs (`/pause`, `/collective_rpc`, `/reset_prefix_cache`, ...);
+- gives each server a random API key (`api_key`, handed over in its environment, never on its
+  command line, in a log or in the config) that every request must carry, the dev endpoints
+  included (vllm_side/ada_vllm_guard.py: vLLM's own `--api-key` guards only /v1 and a few others);
+  only /health answers without it;
+- runs it under vllm_side/ada_vllm_launch.py, which ends it when this process dies, SIGKILL
+  included (a lifeline pipe whose write end only this process holds);
 - captures stdout and stderr in a log file;
 - waits for `/health` with a timeout, and reports a server that dies (or never answers) with the
-  last lines of its log;
+  last lines of its log; a port chosen here that another process bound meanwhile (servers started
+  in parallel) is replaced by a fresh one and the start retried;
 - stops it with SIGTERM to its whole process group (vLLM forks an engine-core process), then SIGKILL.
 
 Usage:
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -33,8 +41,13 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SERVED_MODEL_NAME = "ada-policy"
+# The key of a server this process did not launch (`rollout.vllm.base_url`/`base_urls`): from the
+# environment only, since the config is logged as MLflow params.
+API_KEY_ENV = "ADA_VLLM_API_KEY"
 _REPO_ROOT = Path(__file__).resolve().parents[2]
+_SIDE = Path(__file__).resolve().with_name("vllm_side")
 _LOG_TAIL_LINES = 30
+_PORT_ATTEMPTS = 3
 
 
 class VLLMServerError(RuntimeError):
@@ -98,30 +111,32 @@ class VLLMServer:
 
     `dtype` is passed to `--dtype` ("float32" on CPU keeps log-probs comparable with the fp32
     trainer). `gpu_memory_utilization` is used only on CUDA; on CPU the KV cache size is
-    `cpu_kvcache_gib` (VLLM_CPU_KVCACHE_SPACE). `enable_sleep_mode` is refused on CPU.
+    `cpu_kvcache_gib` (VLLM_CPU_KVCACHE_SPACE). `enable_sleep_mode` is refused on CPU. `api_key` is
+    the key every request must carry: a random one unless given; never logged (it is not in `args`).
     """
 
     def __init__(self, model_dir: str | Path, *, max_model_len: int | None = None, dtype: str = "float32",
                  port: int = 0, python: str | Path | None = None, log_path: str | Path | None = None,
                  gpu_memory_utilization: float = 0.5, cpu_kvcache_gib: int = 1, enforce_eager: bool = True,
                  enable_sleep_mode: bool = False, startup_timeout_s: float = 300.0,
-                 extra_args: Sequence[str] = ()):
+                 extra_args: Sequence[str] = (), api_key: str | None = None):
         self.model_dir = Path(model_dir)
         if not (self.model_dir / "config.json").is_file():
             raise VLLMServerError(f"model folder {self.model_dir} has no config.json; give an HF model folder")
         if enable_sleep_mode:
             check_sleep_supported()
         self.python = Path(python) if python else vllm_python()
+        self._own_port = not port  # chosen here: another may bind it first, then another is chosen
         self.port = port or free_port()
         self.host = "127.0.0.1"
+        self.api_key = api_key or secrets.token_urlsafe(32)  # random unless given (a pool's servers share one)
         self.log_path = Path(log_path) if log_path else self.model_dir.parent / f"vllm-server-{self.port}.log"
         self.startup_timeout_s = startup_timeout_s
         self.enable_sleep_mode = enable_sleep_mode
         self.cuda = cuda_available()
         args = [
-            str(self.python), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(self.model_dir), "--served-model-name", SERVED_MODEL_NAME,
-            "--host", self.host, "--port", str(self.port), "--dtype", dtype,
+            "--host", self.host, "--dtype", dtype, "--middleware", "ada_vllm_guard.RequireApiKey",
             # Behaviour log-probs after temperature (and top-p): at top_p=1 exactly the trainer's
             # log softmax(logits / T), the convention of the transformers engine.
             "--logprobs-mode", "processed_logprobs",
@@ -135,10 +150,12 @@ class VLLMServer:
             args += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
         if enable_sleep_mode:
             args.append("--enable-sleep-mode")
-        self.args = args + list(extra_args)
+        self._server_args = args + list(extra_args)
         self.env = {
             **os.environ,
             "VLLM_SERVER_DEV_MODE": "1",
+            "VLLM_API_KEY": self.api_key,  # vLLM's own check on /v1 and the guard's on every other path
+            "VLLM_HOST_IP": os.environ.get("VLLM_HOST_IP", "127.0.0.1"),  # its internal rendezvous: loopback
             "VLLM_CPU_KVCACHE_SPACE": str(cpu_kvcache_gib),
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
@@ -146,11 +163,25 @@ class VLLMServer:
             "TRANSFORMERS_OFFLINE": "1",
             "PYTHONUNBUFFERED": "1",
         }
-        # Our venv's variables would leak the wrong site-packages into the server's interpreter.
-        for key in ("PYTHONPATH", "VIRTUAL_ENV"):
-            self.env.pop(key, None)
+        # Our venv's variables would leak the wrong site-packages into the server's interpreter; the
+        # guard middleware is the one module of ours it imports.
+        self.env.pop("VIRTUAL_ENV", None)
+        self.env.pop(API_KEY_ENV, None)
+        self.env["PYTHONPATH"] = str(_SIDE)
         self.process: subprocess.Popen | None = None
         self._log_file = None
+        self._lifeline: int | None = None  # the write end of the launcher's lifeline pipe
+
+    @property
+    def args(self) -> list[str]:
+        """The launcher's command line: the vLLM server's, behind the lifeline's fd."""
+        return [str(self.python), str(_SIDE / "ada_vllm_launch.py"), "{lifeline}", str(self.python), "-m",
+                "vllm.entrypoints.openai.api_server", *self._server_args, "--port", str(self.port)]
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What a client sends with every request."""
+        return {"Authorization": f"Bearer {self.api_key}"}
 
     @property
     def base_url(self) -> str:
@@ -158,17 +189,39 @@ class VLLMServer:
 
     def start(self) -> VLLMServer:
         """Launch and wait until `/health` answers; raise VLLMServerError (with the log tail) otherwise."""
+        for attempt in range(1, _PORT_ATTEMPTS + 1):
+            try:
+                return self._start()
+            except _PortTaken:
+                if attempt == _PORT_ATTEMPTS:
+                    raise VLLMServerError(f"vLLM could not bind a free port in {_PORT_ATTEMPTS} tries (another "
+                                          f"process took each first)\n{self.log_tail()}") from None
+                log.warning("port %d was taken before vLLM bound it; retrying on another", self.port)
+                self.port = free_port()
+
+    def _start(self) -> VLLMServer:
         if self.process is not None:
             return self
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = open(self.log_path, "ab")
+        log_start = self._log_file.tell()
         log.info("starting vLLM on %s for %s (log: %s)", self.base_url, self.model_dir, self.log_path)
-        self.process = subprocess.Popen(self.args, stdout=self._log_file, stderr=subprocess.STDOUT, env=self.env,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
+        read_end, self._lifeline = os.pipe()  # both non-inheritable: only the launcher gets the read end
+        try:
+            args = [str(read_end) if a == "{lifeline}" else a for a in self.args]
+            self.process = subprocess.Popen(args, stdout=self._log_file, stderr=subprocess.STDOUT, env=self.env,
+                                            stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(read_end,))
+        except BaseException:
+            self._close_lifeline()
+            raise
+        finally:
+            os.close(read_end)
         started = time.monotonic()
         try:
             while True:
                 if self.process.poll() is not None:
+                    if self._own_port and _bind_failed(self.log_path, log_start):
+                        raise _PortTaken()
                     raise VLLMServerError(
                         f"vLLM server exited with code {self.process.returncode} while starting\n{self.log_tail()}")
                 if self.healthy():
@@ -216,9 +269,15 @@ class VLLMServer:
                 process.wait(timeout=timeout)
         if process is not None:
             _signal_group(process, signal.SIGKILL)  # orphans of the group (the engine-core process)
+        self._close_lifeline()
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
+
+    def _close_lifeline(self) -> None:
+        if self._lifeline is not None:
+            os.close(self._lifeline)
+            self._lifeline = None
 
     def __enter__(self) -> VLLMServer:
         return self.start()
@@ -229,6 +288,21 @@ class VLLMServer:
     def __del__(self):  # a server must never outlive its owner
         if getattr(self, "process", None) is not None and sys is not None:
             self.stop(timeout=5.0)
+
+
+class _PortTaken(Exception):
+    """The server exited at start-up because its port was bound by another process meanwhile."""
+
+
+def _bind_failed(log_path: Path, offset: int) -> bool:
+    """Whether the log written since `offset` says the server could not bind its port."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return False
+    return "Address already in use" in text or "[Errno 98]" in text
 
 
 def _signal_group(process: subprocess.Popen, sig: int) -> None:

@@ -69,7 +69,7 @@ class VLLMSampleStreamer:
     which adds a managed server's exit code and log tail."""
 
     def __init__(self, base_url: str, model_name: str, *, concurrency: int, request_timeout_s: float,
-                 meter: OccupancyMeter, error: Callable[[str], Exception]):
+                 meter: OccupancyMeter, error: Callable[[str], Exception], headers: dict[str, str] | None = None):
         self.base_url, self.model_name = base_url.rstrip("/"), model_name
         self.concurrency, self.meter, self._error = concurrency, meter, error
         self._loop = asyncio.new_event_loop()
@@ -77,8 +77,9 @@ class VLLMSampleStreamer:
         self._thread.start()
 
         async def setup():
-            self._client = httpx.AsyncClient(base_url=self.base_url, timeout=request_timeout_s, limits=httpx.Limits(
-                max_connections=concurrency, max_keepalive_connections=concurrency))
+            self._client = httpx.AsyncClient(base_url=self.base_url, timeout=request_timeout_s, headers=headers,
+                                             limits=httpx.Limits(max_connections=concurrency,
+                                                                 max_keepalive_connections=concurrency))
 
         asyncio.run_coroutine_threadsafe(setup(), self._loop).result()
 
@@ -153,14 +154,19 @@ class VLLMSampleStreamer:
             raise self._error(f"{what}: the stream ended without finishing completions {unfinished}")
 
     def close(self) -> None:
+        """Cancel what is in flight, close the client, stop the loop's thread and close the loop. Idempotent."""
         async def shutdown():
             for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
                 task.cancel()
             await self._client.aclose()
 
+        if self._loop.is_closed():
+            return
         if self._loop.is_running():
             try:
                 asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=10)
             finally:
                 self._loop.call_soon_threadsafe(self._loop.stop)
                 self._thread.join(timeout=10)
+        if not self._thread.is_alive():  # a loop whose thread is stuck cannot be closed; it dies with it
+            self._loop.close()  # its selector and self-pipe: two fds per streamer, otherwise left open

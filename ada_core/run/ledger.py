@@ -8,7 +8,8 @@ prompts never resolve, how pass rates move as the policy learns, what a budgeted
   through `ledger.url` or `$ADA_LEDGER_URL`. Credentials belong in the environment
   (`$ADA_LEDGER_URL`, `PGPASSWORD`), never in the config: it is logged as run parameters.
 - Schema: created and upgraded by Alembic (ada_core/run/ledger_migrations, version table
-  `ada_ledger_alembic_version`) the first time a run opens the database. A new migration is one
+  `ada_ledger_alembic_version`) the first time a run opens the database, under a lock (`migrate`)
+  so that runs starting at once on a fresh database take turns. A new migration is one
   more file in ledger_migrations/versions/ with `down_revision` set to the previous one.
 - Writes: the trainer hands each step's pools to `Ledger.record` after the update (one queue put);
   a writer thread builds the rows and does one batched INSERT per step, so neither the sampler nor
@@ -24,7 +25,9 @@ the comparison report.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import fcntl
 import importlib.util
 import json
 import os
@@ -86,16 +89,43 @@ def create_engine(url: str) -> Engine:
     return sa.create_engine(parsed)
 
 
+# The key of the PostgreSQL advisory lock the migration holds (any constant shared by every process).
+MIGRATION_LOCK_KEY = 0x6164615F6C656467  # "ada_ledg"
+
+
 def migrate(engine: Engine) -> None:
-    """Create or upgrade the schema to the newest Alembic revision (idempotent)."""
+    """Create or upgrade the schema to the newest Alembic revision (idempotent), one process at a time.
+
+    Children of a group start at once on a fresh database: without a lock each saw no version table
+    and ran the first revision's CREATE TABLEs, and all but one failed. On PostgreSQL the migration's
+    transaction takes an advisory lock first (released at its commit), so the next process waits and
+    then finds the schema at head; on SQLite an exclusive `flock` on `<database>.migrate.lock` does
+    the same (SQLite's own locking does not cover Alembic's read-then-create).
+    """
     from alembic import command
     from alembic.config import Config
 
     cfg = Config()
     cfg.set_main_option("script_location", str(Path(__file__).with_name("ledger_migrations")))
-    with engine.begin() as connection:
+    with _sqlite_file_lock(engine.url), engine.begin() as connection:
+        if engine.dialect.name == "postgresql":
+            connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
         cfg.attributes["connection"] = connection
         command.upgrade(cfg, "head")
+
+
+@contextlib.contextmanager
+def _sqlite_file_lock(url):
+    """An exclusive lock on `<database>.migrate.lock` while held, for a SQLite file; nothing otherwise."""
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        yield
+        return
+    with open(f"{url.database}.migrate.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def open_engine(url: str) -> Engine:

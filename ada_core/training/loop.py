@@ -111,17 +111,22 @@ class RunState:
         return SamplingParams(temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens)
 
     def close(self) -> None:
-        try:
+        """Close every part, even when one fails to close (the first failure is raised after the rest);
+        the run folder's lock last, once nothing of this run writes it."""
+        parts = [self.ledger, self.verifier,
+                 self.rollout,  # the vLLM engine stops its server
+                 self.updater,  # a rank group stops its actors (and the Ray it started)
+                 self.lock]
+        failure: BaseException | None = None
+        for part in parts:
+            if part is None:
+                continue
             try:
-                if self.ledger is not None:
-                    self.ledger.close()
-                self.verifier.close()
-                self.rollout.close()  # the vLLM engine stops its server
-            finally:
-                self.updater.close()  # a rank group stops its actors (and the Ray it started)
-        finally:
-            if self.lock is not None:
-                self.lock.release()  # last: the folder is free once nothing of this run writes it
+                part.release() if part is self.lock else part.close()
+            except BaseException as err:  # noqa: BLE001 - the others still close
+                failure = failure or err
+        if failure is not None:
+            raise failure
 
 
 @dataclass

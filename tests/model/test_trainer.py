@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 import torch
-from support import SMALL
+from support import SMALL, listeners_beyond_loopback
 from support import tiny_config as _config
 
 from ada_core import metrics as K
@@ -38,6 +39,8 @@ def test_a_few_steps_train_for_real(preset, tmp_path):
         before = [p.detach().clone() for p in state.updater.module.parameters()]
         last = run_steps(state)
         after = list(state.updater.module.parameters())
+        # The 1-rank process group listens on loopback alone (torch's TCPStore took `::` before).
+        assert listeners_beyond_loopback(os.getpid()) == []
     finally:
         state.close()
 

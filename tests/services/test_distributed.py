@@ -88,6 +88,7 @@ def test_two_rank_training_resumes_identically_and_leaves_no_process(tmp_path):
     try:
         pids = state.updater.process_ids()
         assert len(pids["ranks"]) == 2 and pids["ray"], pids
+        _check_listeners_and_ray_auth(pids)
         before = [p.detach().clone() for p in state.updater.module.parameters()]
         last = run_steps(state)
         after = [p.detach().clone() for p in state.updater.module.parameters()]
@@ -137,6 +138,43 @@ def test_ranks_that_cannot_be_placed_are_a_clear_error(policy, tiny_model, tmp_p
 
 
 # --- the update's equivalence with one rank ----------------------------------------------------
+
+
+NO_TOKEN = """
+import sys
+from ray._raylet import GcsClient
+try:
+    GcsClient(address=sys.argv[1]).internal_kv_get(b"ada", None, timeout=10)
+except Exception as err:
+    print(type(err).__name__, err)
+else:
+    print("ANSWERED")
+"""
+
+
+def _check_listeners_and_ray_auth(pids: dict[str, list[int]]) -> None:
+    """The driver and both ranks listen beyond loopback only on their Ray core-worker ports (torch's
+    rendezvous and gloo are on loopback); Ray's own servers, which Ray 2.60 binds to the node IP or
+    every interface, refuse a request without the cluster's token (docs/ARCHITECTURE.md, Ports)."""
+    import subprocess
+    import sys
+
+    import ray
+    from support import listeners_beyond_loopback
+
+    for pid in [os.getpid(), *pids["ranks"]]:
+        outside = listeners_beyond_loopback(pid)
+        assert len(outside) <= 1, (pid, outside)  # one gRPC server per Ray worker process, nothing else
+    assert os.environ.get("RAY_AUTH_MODE") == "token"  # what Ray 2.60 turns on for a new local cluster
+    from pathlib import Path
+
+    assert Path.home().joinpath(".ray", "auth_token").stat().st_mode & 0o077 == 0  # Ray wrote it 0644
+    address = ray.get_runtime_context().gcs_address
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}  # a client that sends no token
+    env.pop("RAY_AUTH_TOKEN", None)
+    answer = subprocess.run([sys.executable, "-c", NO_TOKEN, address], env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert "ANSWERED" not in answer.stdout and "uthenticat" in answer.stdout + answer.stderr, answer
 
 
 @pytest.fixture(scope="module")

@@ -79,3 +79,46 @@ def test_a_killed_and_resumed_run_has_each_step_and_prompt_once(tmp_path):
     assert len(table) == len(totals) and set(table[0]) >= {"prompt_id", "samples", "positives", "pass_rate"}
     missing = runner.invoke(app, ["ledger", str(tmp_path)])
     assert missing.exit_code == 2 and "ledger" in missing.output  # a usage error naming the missing file
+
+
+FIRST_USE = """
+import sys, time
+from pathlib import Path
+from alembic import command  # noqa: F401 - imported before the start line, so the processes meet there
+from ada_core.run.ledger import Ledger
+url, run_dir, go = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+(run_dir / "ready").touch()
+while not go.exists():
+    time.sleep(0.001)
+Ledger.start(url, run_dir, threshold=0.7).close()
+"""
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_four_processes_opening_a_fresh_database_at_once_all_migrate_it(tmp_path, backend, request):
+    """Four children on a fresh ADA_HOME start at the same instant; Alembic's `upgrade head` per
+    process raced there (two CREATE TABLEs, one fails). Each must open the ledger, once migrated."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    url = f"sqlite:///{tmp_path / 'fresh' / 'ledger.db'}" if backend == "sqlite" else request.getfixturevalue("fresh_postgres_uri")
+    go = tmp_path / "go"  # created once every child has done its imports: they open the ledger at once
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    children = []
+    for i in range(4):
+        (tmp_path / f"run{i}").mkdir()
+        children.append(subprocess.Popen([sys.executable, "-c", FIRST_USE, url, str(tmp_path / f"run{i}"), str(go)],
+                                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / f"run{i}" / "ready").exists() for i in range(4)) and time.monotonic() < deadline:
+        if any(child.poll() is not None for child in children):
+            break
+        time.sleep(0.05)
+    go.touch()
+    outputs = [(child.wait(timeout=120), child.stdout.read()) for child in children]
+    assert [code for code, _ in outputs] == [0, 0, 0, 0], "\n".join(out[-1500:] for _, out in outputs)
+    with create_engine(url).connect() as conn:
+        assert conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all() == ["0001"]
+        assert conn.execute(sa.text("SELECT count(*) FROM ledger_runs")).scalar() == 4

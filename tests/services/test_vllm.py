@@ -101,7 +101,7 @@ def test_after_a_sync_the_server_samples_from_the_trainers_weights(engine, polic
 
     # Greedy decoding on the server equals greedy decoding with the trainer's model, token for token.
     for prompt in prompts:
-        answer = httpx.post(f"{engine.base_url}/v1/completions", timeout=60, json={
+        answer = httpx.post(f"{engine.base_url}/v1/completions", timeout=60, headers=engine._headers, json={
             "model": engine.model_name, "prompt": prompt.prompt_ids, "max_tokens": 10, "temperature": 0,
             "return_token_ids": True}).json()
         assert answer["choices"][0]["token_ids"] == _greedy(model, prompt.prompt_ids, 10, tokenizer.eos_token_id)
@@ -235,3 +235,113 @@ def test_a_server_that_cannot_start_is_reported_with_its_log(tiny_model, tmp_pat
 
     with pytest.raises(VLLMServerError, match="no config.json"):
         VLLMServer(tmp_path)
+
+
+def test_the_server_refuses_a_request_without_its_key_on_every_path(vllm_server):
+    """vLLM's own --api-key guards /v1 alone; the dev endpoints weight sync uses must be guarded too."""
+    url, key = vllm_server.base_url, vllm_server.api_key
+    paths = [("GET", "/v1/models"), ("POST", "/v1/completions"), ("POST", "/collective_rpc"), ("POST", "/pause"),
+             ("POST", "/reset_prefix_cache"), ("POST", "/update_weight_version"), ("GET", "/weight_info"),
+             ("GET", "/metrics")]
+    for method, path in paths:  # /v1/models first: on a server without a key nothing else is reached
+        for headers in ({}, {"Authorization": "Bearer not-the-key"}, {"Authorization": key}):
+            answer = httpx.request(method, f"{url}{path}", headers=headers, timeout=30)
+            assert answer.status_code == 401, (method, path, headers, answer.status_code, answer.text[:200])
+    assert httpx.get(f"{url}/health", timeout=30).status_code == 200  # the one open path
+    assert httpx.get(f"{url}/weight_info", headers=vllm_server.headers, timeout=30).status_code == 200
+    assert httpx.get(f"{url}/v1/models", headers=vllm_server.headers, timeout=30).status_code == 200
+    # The key is in the server's environment only: not on its command line (`ps`), not in its log.
+    assert key not in " ".join(vllm_server.args) and key not in vllm_server.log_path.read_text()
+    # Every socket its processes listen on is on loopback (the API server, and vLLM's own rendezvous).
+    listening = {c.laddr for pid in _group(vllm_server.process.pid) for c in _listening(pid)}
+    assert listening and all(addr.ip in ("127.0.0.1", "::1") for addr in listening), listening
+
+
+DRIVER = """
+import json, socket, sys, threading, time
+from ada_core.engines.vllm_server import VLLMServer
+server = VLLMServer(sys.argv[1], log_path=sys.argv[2], startup_timeout_s=600)
+first = server.port
+taken = socket.socket()  # another process binds the port first, as a server started in parallel can
+taken.bind(("127.0.0.1", first))
+taken.listen()
+threading.Thread(target=server.start, daemon=True).start()  # a pool starts its servers from threads
+while server.port == first or server.process is None:  # until it retried on another port
+    time.sleep(0.05)
+print(json.dumps({"pgid": server.process.pid}), flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_launched_server_dies_with_its_driver_however_it_dies(tiny_model, tmp_path):
+    """A driver (its own process) launches a server from a thread; the port it chose was taken meanwhile,
+    so the server retries on another. Then the driver is SIGKILLed, and the server is gone in seconds."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(tiny_model), str(tmp_path / "server.log")], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pgid = None
+    try:
+        line = driver.stdout.readline()
+        assert line, f"the driver ended: {driver.wait(timeout=30)}\n{driver.stderr.read()[-3000:]}"
+        pgid = json.loads(line)["pgid"]
+        assert "Address already in use" in (tmp_path / "server.log").read_text()  # the first try's end
+        deadline = time.monotonic() + 120
+        while len(server := _group(pgid)) < 2 and time.monotonic() < deadline:  # the launcher and vLLM
+            time.sleep(0.1)
+        assert len(server) >= 2, server
+
+        driver.kill()  # SIGKILL: no handler, no finally, no __del__ runs in the driver
+        driver.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while _group(pgid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _group(pgid), f"server processes {_group(pgid)} outlived their driver"
+    finally:
+        driver.kill()
+        if pgid is not None:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _group(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group `pgid`."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process.pid)
+        except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+            pass
+    return found
+
+
+def _listening(pid: int):
+    import psutil
+
+    try:
+        return [c for c in psutil.Process(pid).net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+
+
+def test_a_pool_whose_second_server_does_not_answer_releases_the_first_member(vllm_server, tiny_model, tmp_path):
+    from ada_core.engines.factory import vllm_rollout_engine
+
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    config = build_config("grpo", "tiny", overrides={"rollout": {"engine": "vllm", "vllm": {
+        "base_urls": [vllm_server.base_url, "http://127.0.0.1:9"], "sync_dir": str(sync), "request_timeout_s": 10}}})
+    with pytest.raises(VLLMServerError, match="127.0.0.1:9"):
+        vllm_rollout_engine(config, tiny_model, None, tmp_path)
+    assert list(sync.iterdir()) == []  # the first member's sync folder (and client) went with the failure

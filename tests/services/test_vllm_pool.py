@@ -120,10 +120,11 @@ def test_streaming_over_two_servers_commits_the_one_server_pools(pool, policy):
     assert pool.meter.level == 0 and all(m.meter.level == 0 for m in pool.members)
 
 
-def test_an_async_streaming_run_goes_on_when_a_server_dies_mid_stream(pool, tmp_path):
+def test_an_async_streaming_run_goes_on_when_a_server_dies_mid_stream(pool, tmp_path, monkeypatch):
     """Ada-balance streaming with async_steps=1 on both servers; server 0 is SIGKILLed while it holds
     samples of a batch being drawn. Its unfinished samples go to server 1; no (step, prompt) twice."""
     urls = [m.base_url for m in pool.members]
+    monkeypatch.setenv("ADA_VLLM_API_KEY", pool.members[0].server.api_key)  # the pool's servers share one
     config = build_config("ada-balance", "tiny", overrides={
         "steps": 3, "prompts_per_step": 6, "eval_every": 3, "eval_k": 2, "checkpoint_every": 0, "sft_steps": 0,
         "data": {"train_size": 48, "eval_size": 8}, "sampler": {"schedule": "streaming"}, "loss": {"tis_cap": 2.0},

@@ -224,3 +224,75 @@ def test_deployments_need_a_server_with_the_limit(stack):
         check_setup(CompareParams(**{**GROUP, "deployment": "nope/nope"}))
 
 
+
+
+def test_a_resumed_group_replaces_the_limit_its_killed_attempt_left(stack):
+    """A parent killed outright leaves its group's limit, one slot still counted for a child that is gone;
+    the resumed group (same name) must neither meet ObjectAlreadyExists nor wait on that slot."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+
+    from flows.fanout import close_group_limit, open_group_limit
+
+    group = "fanout-resumed"
+
+    @flow(name="fanout-resume-attempts")
+    def two_attempts() -> None:
+        open_group_limit(group, 1)  # the first attempt, then killed while its child held the slot
+        with get_client(sync_client=True) as client:
+            client.increment_concurrency_slots(names=[group], slots=1, mode="concurrency")
+        open_group_limit(group, 2)  # the resumed attempt
+
+    two_attempts()
+    with get_client(sync_client=True) as client:
+        limit = client.read_global_concurrency_limit_by_name(group)
+    assert (limit.limit, limit.active_slots) == (2, 0)
+    close_group_limit(group)
+
+
+def test_a_failing_parent_cancels_its_children_and_deletes_its_limit(stack):
+    """Two children under `max_parallel=1`: one trains, the other waits for the slot. When the first ends,
+    the parent fails (its follow-up raises, as compare's matched control can): the waiting child must be
+    cancelled, not trained without its parent, and the group's limit deleted."""
+    import time
+
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+    from prefect.exceptions import ObjectNotFound
+
+    from ada_core.paths import runs_dir
+    from flows import tracking
+    from flows.group import child_params, run_children
+
+    group = "fanout-cancel"
+    params = CompareParams(**{**GROUP, "max_parallel": 1}, tracking_uri=stack["tracking_uri"], experiment=group)
+
+    def follow_up(result: dict) -> list:
+        raise RuntimeError(f"follow-up of {result['variant']} failed")
+
+    @flow(name="fanout-cancel-group")
+    def failing_group() -> None:
+        uri = tracking.resolve_tracking_uri(params.tracking_uri)
+        with tracking.tracked_run(uri, params.experiment, group) as (client, parent_id):
+            children = [child_params(params, preset, 0, preset, uri, parent_id, runs_dir() / group)
+                        for preset in ("grpo", "ada-balance")]
+            run_children(params, children, follow_up, group, client, parent_id, uri)
+
+    state = failing_group(return_state=True)
+    assert state.is_failed() and "follow-up of" in state.message, worker_logs(stack)
+    with get_client(sync_client=True) as client:
+        with pytest.raises(ObjectNotFound):
+            client.read_global_concurrency_limit_by_name(group)
+        deadline = time.monotonic() + 120  # the worker notices Cancelling and stops the child's process
+        while time.monotonic() < deadline:
+            runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[group])))
+            if len(runs) == 2 and all(r.state.is_final() for r in runs):
+                break
+            time.sleep(1)
+        states = sorted(r.state.type.value for r in runs)
+        assert states == ["CANCELLED", "COMPLETED"], (states, worker_logs(stack))
+        deadline = time.monotonic() + 60
+        while client.read_global_concurrency_limit_by_name(LIMIT).active_slots and time.monotonic() < deadline:
+            time.sleep(1)
+        assert client.read_global_concurrency_limit_by_name(LIMIT).active_slots == 0

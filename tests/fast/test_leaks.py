@@ -1,0 +1,57 @@
+"""What a part makes, it releases: when it closes, and when it fails half-way through its own set-up."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from ada_core.engines.vllm_engine import VLLMRolloutEngine
+from ada_core.engines.vllm_server import VLLMServerError
+from ada_core.engines.vllm_stream import VLLMSampleStreamer
+from ada_core.occupancy import OccupancyMeter
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_engine_whose_server_does_not_answer_leaves_no_sync_folder(tmp_path):
+    with pytest.raises(VLLMServerError, match="cannot list models"):
+        VLLMRolloutEngine(f"http://127.0.0.1:{_closed_port()}", sync_root=tmp_path, request_timeout_s=5)
+    assert list(tmp_path.iterdir()) == []  # its ada-weight-sync-* folder went with it
+
+
+def test_a_closed_streamer_closes_its_event_loop_and_thread():
+    streamer = VLLMSampleStreamer(f"http://127.0.0.1:{_closed_port()}", "m", concurrency=2, request_timeout_s=5,
+                                  meter=OccupancyMeter(2), error=RuntimeError)
+    thread = streamer._thread
+    streamer.close()
+    assert streamer._loop.is_closed() and not thread.is_alive()
+    streamer.close()  # idempotent
+
+
+class _Part:
+    """A run's part that records its close, and fails it when told to."""
+
+    def __init__(self, closed: list[str], name: str, fails: bool = False):
+        self.closed, self.name, self.fails = closed, name, fails
+
+    def close(self) -> None:
+        self.closed.append(self.name)
+        if self.fails:
+            raise RuntimeError(f"{self.name} failed to close")
+
+
+def test_run_state_closes_every_part_when_one_fails_to_close():
+    from ada_core.training.loop import RunState
+
+    closed: list[str] = []
+    state = RunState(config=None, output_dir=None, tokenizer=None, rollout=_Part(closed, "rollout"),
+                     updater=_Part(closed, "updater"), verifier=_Part(closed, "verifier", fails=True), source=None,
+                     eval_prompts=[], rng=None, ledger=_Part(closed, "ledger"))
+    with pytest.raises(RuntimeError, match="verifier failed to close"):
+        state.close()
+    assert closed == ["ledger", "verifier", "rollout", "updater"]  # the rollout engine (a vLLM server) too
