@@ -75,8 +75,9 @@ def simulate(
 
 @app.command()
 def train(
-    preset: str | None = typer.Option(None, help="Algorithm preset: grpo, dapo, ada-pos, ada-balance, ada-est, "
-                                                 "ada-budget (default grpo; with --resume, the run's own)."),
+    preset: str | None = typer.Option(None, help="Algorithm preset: grpo, grpo-n8, grpo-n16, dapo, ada-pos, "
+                                                 "ada-balance, ada-est, ada-posterior, ada-budget (default grpo; "
+                                                 "with --resume, the run's own)."),
     profile: str | None = typer.Option(None, help="Scale profile: tiny, smollm2-135m, paper (default tiny; with "
                                                   "--resume, the run's own)."),
     model: str | None = typer.Option(

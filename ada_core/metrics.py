@@ -29,6 +29,8 @@ SAMPLER_TIME_S = "sampler/bookkeeping_s"  # the sampler's own time, engine and v
 SAMPLER_BUDGET = "sampler/budget"  # budgeted: the step's sample budget
 SAMPLER_FORCED = "sampler/explore_forced"  # budgeted: prompts retested by the exploration floor
 SAMPLER_EXPECTED_INFORMATIVE = "sampler/expected_informative"  # budgeted: sum of posterior P(mixed pool)
+SAMPLER_EST_P_HAT_MIN = "sampler/est_p_hat_min"  # est: the lowest pre-visit pass-rate estimate of the step
+SAMPLER_EST_WEIGHT_MAX = "sampler/est_weight_max"  # est: the largest normalised prompt weight (1 = none)
 
 
 def active_prompts_key(round_index: int) -> str:

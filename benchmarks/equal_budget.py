@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--regimes", nargs="+", default=["pool", "fresh"])
-    parser.add_argument("--variants", nargs="+", default=["grpo", "ada-balance", "ada-est", "ada-budget"])
+    parser.add_argument("--variants", nargs="+", default=["grpo", "ada-balance", "ada-posterior", "ada-budget"])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--pool-prompts", type=int, default=256)
     parser.add_argument("--eval-every", type=int, default=10)

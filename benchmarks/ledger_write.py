@@ -40,7 +40,7 @@ def main() -> None:
     samplers = {
         "grpo n=4": make_sampler(SamplerConfig(name="fixed", n=4), AdvantageConfig(name="grpo")),
         "ada-balance M=8 N=4": make_sampler(SamplerConfig(name="ada", exit_rule="balance", M=8, N=4), global_mean),
-        "ada-est (budget B x 4)": make_sampler(SamplerConfig(name="budgeted", allocation="posterior", M=4, N=4), global_mean),
+        "ada-posterior (budget B x 4)": make_sampler(SamplerConfig(name="budgeted", allocation="posterior", M=4, N=4), global_mean),
     }
     out = {"prompts": args.prompts, "steps": args.steps, "load_before": os.getloadavg(), "methods": {}}
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,4 +1,4 @@
-"""`compare` flow: GRPO against Ada-pos and Ada-balance (and the budgeted `ada-est`, `ada-budget`) over
+"""`compare` flow: GRPO against Ada-pos and Ada-balance (and `ada-est`, the budgeted `ada-posterior` and `ada-budget`) over
 seeds and data regimes, plus a matched-budget GRPO control.
 
 Per seed, each variant trains as a `train` run (a subflow, or a run of the `train` deployment on a

@@ -22,7 +22,8 @@ from pydantic import (
 
 from ada_core.config import PRESETS, ConfigError, TrainConfig, build_config
 
-Preset = Literal["grpo", "dapo", "ada-pos", "ada-balance", "ada-est", "ada-budget"]
+Preset = Literal["grpo", "grpo-n8", "grpo-n16", "dapo", "ada-pos", "ada-balance", "ada-est", "ada-posterior",
+                 "ada-budget"]
 Profile = Literal["tiny", "smollm2-135m", "paper"]
 Engine = Literal["transformers", "vllm"]
 # Prefect refuses these characters in a concurrency limit's name.
@@ -189,7 +190,8 @@ class RunSettings(_Params):
 class TrainParams(RunSettings):
     """One training run of one variant."""
 
-    preset: Preset = Field("ada-balance", description="Algorithm preset: grpo, dapo, ada-pos, ada-balance, ada-est or ada-budget.")
+    preset: Preset = Field("ada-balance", description="Algorithm preset: grpo, grpo-n8, grpo-n16, dapo, ada-pos, "
+                          "ada-balance, ada-est (the paper's Est), ada-posterior or ada-budget.")
     seed: int = Field(0, description="Training seed (data order, sampling, initialisation).")
     variant: str | None = Field(
         None, description="Variant name for params, reports and registry tags (e.g. grpo-matched); empty = preset."

@@ -24,6 +24,7 @@ from report.bands import plot_bands_html, plot_bands_png
 from report.configs import config_differences, differences_markdown
 from report.curves import PAIRED_AXES, X_AXES, RunCurves, load_run
 from report.paired import paired_differences, paired_table
+from report.paper_tables import table_c
 from report.plots import plot_against, plot_per_step, plot_time_split
 from report.prompt_plot import plot_prompt_ledger
 from report.tables import summary_table
@@ -82,6 +83,12 @@ def write_report(runs: list[RunCurves], out_dir: str | Path, title: str = "Compa
             "from the mean and the count, and named in the seeds column.",
             "",
             paired_table(pairs),
+            "",
+            f"## Table C: avg@k minus `{reference}`'s at equal generated samples and at equal trained tokens",
+            "",
+            "Paired by seed, 95% t-interval; bold where the interval excludes 0 (report/paper_tables.py).",
+            "",
+            table_c({"this group": runs}, reference),
             "",
         ]
     differences = config_differences(runs)

@@ -38,7 +38,7 @@ def curation_key(inputs: dict[str, Any]) -> str:
 def _curate_dataset(
     model: str, sft_steps: int, dataset: str, pool_size: int, k: int, ceiling: float, seed: int,
     max_tokens: int, temperature: float, positive_threshold: float, micro_batch_size: int, home: str,
-    dataset_digest: str = "",
+    dataset_digest: str = "", keep_pass_rate: list[float] | None = None,
 ) -> dict[str, Any]:
     """Curate (or reuse) and return {dataset, model, kept, pool, key, ...}: plain data for the cache.
 
@@ -54,6 +54,8 @@ def _curate_dataset(
     inputs = dict(model=model, sft_steps=sft_steps, dataset=dataset, pool_size=pool_size, k=k, ceiling=ceiling,
                   seed=seed, max_tokens=max_tokens, temperature=temperature, positive_threshold=positive_threshold,
                   dataset_digest=dataset_digest)
+    if keep_pass_rate is not None:  # only then: the sets curated by the ceiling rule keep their keys
+        inputs["keep_pass_rate"] = list(keep_pass_rate)
     key = curation_key(inputs)
     out = Path(home) / "curated" / key
     summary_file = out / "curation.json"
@@ -63,7 +65,7 @@ def _curate_dataset(
     made = curate_for_model(
         model, sft_steps, dataset, pool_size, k, ceiling, seed, max_tokens, temperature, positive_threshold,
         micro_batch_size, out, sft_progress=ProgressArtifact(f"warm start (SFT) of {model}").callback(),
-        progress=ProgressArtifact(f"curation of {dataset} (k={k})", "prompt").callback(),
+        progress=ProgressArtifact(f"curation of {dataset} (k={k})", "prompt").callback(), band=keep_pass_rate,
     )
     summary = {"key": key, "dataset": str(out), **made, "inputs": inputs}
     summary_file.write_text(json.dumps(summary, indent=2) + "\n")  # last: marks the set complete
@@ -97,6 +99,7 @@ def curation_inputs(config, seed: int) -> dict[str, Any]:
         micro_batch_size=config.rollout.micro_batch_size,
         home=str(ada_home()),
         dataset_digest=data_digest(config.data.dataset),
+        keep_pass_rate=config.data.keep_pass_rate,
     )
 
 
@@ -114,7 +117,8 @@ def training_config(config, curated: dict[str, Any]):
         raise DatasetError(
             f"curation kept {curated['kept']} of {curated['pool']} prompts: after data.eval_size={config.data.eval_size} "
             f"held out, {max(train_prompts, 0)} remain for prompts_per_step={config.prompts_per_step}; raise "
-            "data.train_size or data.pass_rate_ceiling, or lower data.eval_size or prompts_per_step"
+            "data.train_size, data.pass_rate_ceiling or data.keep_pass_rate, or lower data.eval_size or "
+            "prompts_per_step"
         )
     from ada_core.config import deep_merge, validate_config
 

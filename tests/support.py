@@ -17,7 +17,7 @@ from ada_core.sampling.simulate import (
 )
 
 
-def simulated_run(ledgers: list[Ledger], steps: int = 3, prompts: int = 24, method: str = "ada-est"):
+def simulated_run(ledgers: list[Ledger], steps: int = 3, prompts: int = 24, method: str = "ada-posterior"):
     """Drive a sampler on the Bernoulli engine, recording every step in each ledger; returns the batches."""
     sampler = {**default_methods(), **budgeted_methods()}[method]
     source = PromptSource(make_prompts(48, np.random.default_rng(0)), seed=0)

@@ -1,7 +1,7 @@
 """Algorithm presets, scale profiles, and how a config is built from them.
 
-Algorithm presets (`grpo`, `dapo`, `ada-pos`, `ada-balance`, ...) say *what* algorithm runs; scale
-profiles (`tiny`, `smollm2-135m`, `paper`) say *how big*: prompts per step, lengths and learning
+Algorithm presets (`grpo`, `grpo-n8`, `grpo-n16`, `dapo`, `ada-pos`, `ada-balance`, `ada-est`, ...) say
+*what* algorithm runs; scale profiles (`tiny`, `smollm2-135m`, `paper`) say *how big*: prompts per step, lengths and learning
 rate suit a model size, and the paper's values do not suit a tiny model. `build_config` layers
 defaults < scale profile < preset < config file < `--set` overrides, then validates (schema.py).
 """
@@ -40,6 +40,15 @@ PRESETS: dict[str, dict[str, Any]] = {
         "sampler": {"name": "fixed", "n": 4},  # paper's GRPO baseline, n=4
         "advantage": {"name": "grpo"},  # ref GRPO script: group mean/std
     },
+    # The paper's larger-group GRPO rows (v3's accuracy table: n = 8 and n = 16); only n differs from grpo.
+    "grpo-n8": {
+        "sampler": {"name": "fixed", "n": 8},
+        "advantage": {"name": "grpo"},
+    },
+    "grpo-n16": {
+        "sampler": {"name": "fixed", "n": 16},
+        "advantage": {"name": "grpo"},
+    },
     "dapo": {
         "sampler": {"name": "dynamic_filter", "n": 4, "max_gen_batches": 3},  # DAPO; cap is ours
         "advantage": {"name": "grpo"},
@@ -54,8 +63,13 @@ PRESETS: dict[str, dict[str, Any]] = {
         "sampler": {"name": "ada", "exit_rule": "balance", "n": 4},  # ref default variant
         "advantage": {"name": "global_mean"},
     },
-    # Fixed budget = GRPO's B x n samples a step (ours; docs/ALGORITHM.md gives each idea's source).
+    # The paper's Reinforce-Ada-Est (v3): GRPO's B x n samples a step, N_x ~ 1/sqrt(p_hat_x), log weighting.
     "ada-est": {
+        "sampler": {"name": "est", "n": 4},  # budget B x n; est_* defaults (docs/ALGORITHM.md)
+        "advantage": {"name": "global_mean"},  # pool-mean baseline, as Ada
+    },
+    # Fixed budget = GRPO's B x n samples a step (ours; docs/ALGORITHM.md gives each idea's source).
+    "ada-posterior": {
         "sampler": {"name": "budgeted", "allocation": "posterior", "n": 4},  # Knapsack RL / VIP / MoPPS
         "advantage": {"name": "global_mean"},  # pool-mean baseline, as Ada
     },

@@ -24,11 +24,13 @@ class _Strict(BaseModel):
 class SamplerConfig(_Strict):
     """How each step's groups are drawn."""
 
-    name: Literal["fixed", "dynamic_filter", "ada", "budgeted"] = Field(
+    name: Literal["fixed", "dynamic_filter", "ada", "budgeted", "est"] = Field(
         "fixed",
         description="Sampler: `fixed` = GRPO (n per prompt in one call), `dynamic_filter` = DAPO dynamic "
         "sampling, `ada` = Reinforce-Ada successive elimination, `budgeted` = a fixed per-step budget spent "
-        "by `allocation` (ada_core/sampling/allocation.py).",
+        "by `allocation` (ada_core/sampling/allocation.py), `est` = Reinforce-Ada-Est (paper v3): each "
+        "prompt's pass rate estimated from its history, N_x proportional to 1/sqrt(p_hat) within [est_min, "
+        "est_max], the step's budget in one call.",
         json_schema_extra=ALWAYS,
     )
     n: int = Field(4, ge=2, description="Final group size per prompt (samples trained on). Paper/ref: 4.",
@@ -58,8 +60,8 @@ class SamplerConfig(_Strict):
     unresolved: Literal["keep", "drop"] = Field(
         "keep",
         description="ada: prompts still active after N rounds are kept (ref code; uniform groups get zero "
-        "advantage) or dropped (paper's passive filtering).",
-        json_schema_extra=when("sampler.name in [ada, budgeted]"),
+        "advantage) or dropped (paper's passive filtering). budgeted, est: uniform pools, the same choice.",
+        json_schema_extra=when("sampler.name in [ada, budgeted, est]"),
     )
     downsample: Literal["balanced", "random"] = Field(
         "balanced",
@@ -109,20 +111,21 @@ class SamplerConfig(_Strict):
     )
     budget: int | None = Field(
         None, ge=1,
-        description="budgeted: samples generated per step, never exceeded. None = prompts_per_step x n, GRPO's "
-        "samples per step, so per-step curves are equal-generation curves.",
-        json_schema_extra=when("sampler.name == budgeted"),
+        description="budgeted, est: samples generated per step (budgeted: never exceeded; est: spent exactly). "
+        "None = prompts_per_step x n, GRPO's samples per step, so per-step curves are equal-generation curves.",
+        json_schema_extra=when("sampler.name in [budgeted, est]"),
     )
     prior_strength: float = Field(
         1.0, gt=0.0,
-        description="budgeted: every prompt's prior is Beta(s/2, s/2) (1 = Jeffreys, 2 = flat) plus, for curated "
-        "prompts, their measured pass rate as pseudo-counts.",
-        json_schema_extra=when("sampler.name == budgeted"),
+        description="budgeted, est: every prompt's prior is Beta(s/2, s/2) (1 = Jeffreys, 2 = flat) plus, for "
+        "curated prompts, their measured pass rate as pseudo-counts.",
+        json_schema_extra=when("sampler.name in [budgeted, est]"),
     )
     prior_weight: float = Field(
         1.0, ge=0.0,
-        description="budgeted: a curated prompt's curation_k samples count as this many pseudo-observations each.",
-        json_schema_extra=when("sampler.name == budgeted"),
+        description="budgeted, est: a curated prompt's curation_k samples count as this many pseudo-observations "
+        "each.",
+        json_schema_extra=when("sampler.name in [budgeted, est]"),
     )
     forget: float = Field(
         0.99, gt=0.0, le=1.0,
@@ -143,6 +146,33 @@ class SamplerConfig(_Strict):
         json_schema_extra=when("sampler.name == budgeted"),
     )
 
+    # est (Reinforce-Ada-Est, arXiv 2510.04996v3; ada_core/sampling/allocation.py, EstHistory).
+    est_min: int = Field(
+        2, ge=2,
+        description="est: N_min, the fewest samples a prompt gets in a step (2: the least that can hold a "
+        "positive and a negative). Ours.",
+        json_schema_extra=when("sampler.name == est"),
+    )
+    est_max: int = Field(
+        16, ge=2,
+        description="est: N_max, the most samples a prompt gets in a step (16 = 4n at n = 4). Ours.",
+        json_schema_extra=when("sampler.name == est"),
+    )
+    est_discount: float = Field(
+        0.9, gt=0.0, le=1.0,
+        description="est: at each visit a prompt's past positive and negative counts are multiplied by this "
+        "before the new ones are added (the policy moves; old outcomes describe an older one). 1 = keep all. "
+        "Ours.",
+        json_schema_extra=when("sampler.name == est"),
+    )
+    est_weighting: Literal["log", "none"] = Field(
+        "log",
+        description="est: `log` = the gradient of the objective log p: each prompt's mean gradient weighted by "
+        "1/p_hat (the pre-visit estimate), weights normalised to mean 1 over the step's sampled prompts; "
+        "`none` = every sample weighted alike, as GRPO.",
+        json_schema_extra=when("sampler.name == est"),
+    )
+
     @property
     def first_round(self) -> int:
         return self.M0 if self.M0 is not None else self.M
@@ -152,6 +182,8 @@ class SamplerConfig(_Strict):
         """The most samples one prompt can draw in a step."""
         if self.name == "budgeted":
             return self.n + (self.N - 1) * self.M
+        if self.name == "est":
+            return self.est_max
         if self.name != "ada":
             return self.n
         return self.first_round + (self.N - 1) * self.M
@@ -175,6 +207,8 @@ class SamplerConfig(_Strict):
                              "pool could reach n samples, so every step would train on no group")
         if self.name == "budgeted" and self.budget is not None and self.budget < self.n:
             raise ValueError(f"sampler.budget = {self.budget} is below sampler.n = {self.n}: no group could be filled")
+        if self.name == "est" and self.est_min > self.est_max:
+            raise ValueError(f"sampler.est_min = {self.est_min} is above sampler.est_max = {self.est_max}")
         return self
 
 
@@ -364,7 +398,14 @@ class DataConfig(_Strict):
                             json_schema_extra=when("run.curate == true"))
     pass_rate_ceiling: float = Field(
         0.3125, gt=0.0, le=1.0, description="Difficulty filter keeps 0 < pass rate <= this. Paper easy: 0.3125.",
-        json_schema_extra=when("run.curate == true")
+        json_schema_extra=when("run.curate == true", "data.keep_pass_rate == null")
+    )
+    keep_pass_rate: list[float] | None = Field(
+        None, min_length=2, max_length=2,
+        description="Difficulty filter keeps low <= pass rate <= high (measured at curation_k draws) instead of "
+        "0 < pass rate <= pass_rate_ceiling, which it then replaces. The paper's hard set, 1-2 correct of 16: "
+        "[0.0625, 0.125] with curation_k 16. None = the ceiling rule.",
+        json_schema_extra=when("run.curate == true"),
     )
     train_pool: int | None = Field(
         None, ge=1,
@@ -372,6 +413,14 @@ class DataConfig(_Strict):
         "epochs: the paper's fixed-pool regime. None = all of them. Ours.",
         json_schema_extra=ALWAYS,
     )
+
+
+    @model_validator(mode="after")
+    def _band_is_a_band(self) -> "DataConfig":
+        band = self.keep_pass_rate
+        if band is not None and not 0.0 <= band[0] <= band[1] <= 1.0:
+            raise ValueError(f"data.keep_pass_rate: need 0 <= low <= high <= 1, got {list(band)}")
+        return self
 
 
 class LedgerConfig(_Strict):
@@ -476,6 +525,18 @@ class TrainConfig(_Strict):
     data: DataConfig = Field(default_factory=DataConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     ledger: LedgerConfig = Field(default_factory=LedgerConfig)
+
+    @model_validator(mode="after")
+    def _est_budget_fits(self) -> "TrainConfig":
+        s = self.sampler
+        if s.name == "est":
+            budget = s.budget if s.budget is not None else self.prompts_per_step * s.n
+            low, high = self.prompts_per_step * s.est_min, self.prompts_per_step * s.est_max
+            if not low <= budget <= high:
+                raise ValueError(f"sampler.budget: {budget} samples a step cannot be spread over prompts_per_step = "
+                                 f"{self.prompts_per_step} prompts within [sampler.est_min, sampler.est_max] = "
+                                 f"[{s.est_min}, {s.est_max}] each (needs {low}..{high})")
+        return self
 
     @model_validator(mode="after")
     def _streaming_needs_vllm(self) -> "TrainConfig":

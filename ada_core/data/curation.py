@@ -1,6 +1,7 @@
 """Curating a training set, as the paper did for OpenR1-Math: dedup, verifiable answers, difficulty.
 
     prompts --dedup--> --answer parses--> --k samples, 0 < pass rate <= ceiling--> kept
+                                                 (or low <= pass rate <= high with `band`)
 
 Each stage records what it dropped and why (counts and ids), so `report["input"]` always equals
 `report["kept"]` plus every stage's drops. Kept prompts carry the curating model's pass rate in
@@ -141,16 +142,23 @@ def curate(
     seed: int = 0,
     positive_threshold: float = 0.7,
     progress: Callable[[int, int], None] | None = None,
+    band: Sequence[float] | None = None,
 ) -> CurationResult:
-    """Dedup, drop unparseable answers, then keep prompts with 0 < pass rate <= ceiling.
+    """Dedup, drop unparseable answers, then keep prompts with 0 < pass rate <= ceiling, or with
+    band[0] <= pass rate <= band[1] when `band` is given (the paper's hard set: 1-2 correct of 16 is
+    k = 16, band (1/16, 2/16)); the band replaces the ceiling rule.
 
-    `k` and `ceiling` come from `DataConfig` (`curation_k`, `pass_rate_ceiling`); `seed` seeds the
-    sampling. Input prompts are not modified: kept ones are copies with the pass rate filled in.
+    `k`, `ceiling` and `band` come from `DataConfig` (`curation_k`, `pass_rate_ceiling`,
+    `keep_pass_rate`); `seed` seeds the sampling. Input prompts are not modified: kept ones are copies
+    with the pass rate filled in. Drops: `never_solved` (rate 0, below the band), `too_easy` (above the
+    ceiling or the band) and, with a band whose low end is above 0, `too_hard` (solved, but below it).
     """
     if k < 1:
         raise ValueError(f"curation k must be >= 1, got {k}")
     if not 0.0 < ceiling <= 1.0:
         raise ValueError(f"pass_rate_ceiling must be in (0, 1], got {ceiling}")
+    if band is not None and (len(band) != 2 or not 0.0 <= band[0] <= band[1] <= 1.0):
+        raise ValueError(f"keep_pass_rate must be [low, high] with 0 <= low <= high <= 1, got {list(band)}")
     ids = [p.id for p in prompts]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
@@ -162,17 +170,28 @@ def curate(
     kept, stage = verifiable(kept, verifier)
     stages.append(stage)
     rates = pass_rates(kept, engine, verifier, replace(sampling, seed=seed), k, positive_threshold, progress=progress)
-    never = [p.id for p in kept if rates[p.id] == 0.0]
-    easy = [p.id for p in kept if rates[p.id] > ceiling]
+    eps = 1e-9  # rates are multiples of 1/k: compare with a tolerance so 2/16 <= 0.125 holds
+    if band is None:
+        def keep(rate: float) -> bool:
+            return 0.0 < rate <= ceiling + eps
+        high = ceiling
+    else:
+        def keep(rate: float) -> bool:
+            return band[0] - eps <= rate <= band[1] + eps
+        high = band[1]
+    never = [p.id for p in kept if rates[p.id] == 0.0 and not keep(0.0)]
+    easy = [p.id for p in kept if rates[p.id] > high + eps]
+    hard = [p.id for p in kept if 0.0 < rates[p.id] and not keep(rates[p.id]) and rates[p.id] <= high + eps]
     survivors = []
     for p in kept:
-        if 0.0 < rates[p.id] <= ceiling:
+        if keep(rates[p.id]):
             q = replace(p, meta=copy.deepcopy(p.meta), prompt_ids=list(p.prompt_ids))
             q.difficulty = rates[p.id]
             q.meta["pass_rate"] = rates[p.id]
             q.meta["curation_k"] = k
             survivors.append(q)
-    stage = _stage("difficulty", len(kept), survivors, {"never_solved": never, "too_easy": easy})
+    dropped = {"never_solved": never, "too_easy": easy, **({"too_hard": hard} if band is not None else {})}
+    stage = _stage("difficulty", len(kept), survivors, dropped)
     stage["pass_rates"] = rates
     stages.append(stage)
 
@@ -180,7 +199,8 @@ def curate(
         "input": len(prompts),
         "kept": len(survivors),
         "dropped": sum(s["input"] - s["kept"] for s in stages),
-        "params": {"k": k, "ceiling": ceiling, "seed": seed, "positive_threshold": positive_threshold,
+        "params": {"k": k, "ceiling": ceiling, "band": list(band) if band is not None else None, "seed": seed,
+                   "positive_threshold": positive_threshold,
                    "temperature": sampling.temperature, "top_p": sampling.top_p, "max_tokens": sampling.max_tokens},
         "stages": stages,
     }

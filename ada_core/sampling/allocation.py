@@ -47,6 +47,7 @@ policy.
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -215,3 +216,103 @@ def expected_informative(posteriors: list[tuple[float, float]], alloc: list[int]
 def step_budget(budget: int | None, prompts: int, n: int) -> int:
     """The step's budget in samples: `budget`, or B * n (GRPO's samples per step) when None."""
     return prompts * n if budget is None else int(budget)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reinforce-Ada-Est (arXiv 2510.04996v3): the estimation-based realization of the log objective.
+# ---------------------------------------------------------------------------------------------------
+class EstHistory:
+    """Per-prompt pass-rate estimates for `est`: discounted counts of positives and negatives plus a prior.
+
+    At each visit of a prompt its old counts are multiplied by `discount` and the visit's counts added:
+
+        pos <- discount * pos + positives,    neg <- discount * neg + negatives
+
+    so evidence fades by visits, not by steps (a prompt not drawn keeps its estimate). The estimate is the
+    posterior mean under the prior Beta(a0, b0) (`PromptHistory.prior`: Beta(s/2, s/2), plus a curated
+    prompt's measurement as pseudo-counts):
+
+        p_hat = (a0 + pos) / (a0 + b0 + pos + neg)
+
+    Jeffreys' prior, discount 0.5: visits (2 of 4), then (0 of 4) -> pos = 1, neg = 5, p_hat = 1.5 / 7.
+    """
+
+    def __init__(self, prior_strength: float = 1.0, prior_weight: float = 1.0, discount: float = 0.9):
+        self._prior = PromptHistory(prior_strength, prior_weight)
+        self.discount = discount
+        self.counts: dict[str, list[float]] = {}  # prompt id -> [pos, neg, visits]
+
+    def estimate(self, prompt: Prompt) -> float:
+        a0, b0 = self._prior.prior(prompt)
+        pos, neg, _ = self.counts.get(prompt.id, (0.0, 0.0, 0))
+        return (a0 + pos) / (a0 + b0 + pos + neg)
+
+    def visit(self, prompt_id: str, positives: int, negatives: int) -> None:
+        pos, neg, visits = self.counts.get(prompt_id, (0.0, 0.0, 0))
+        self.counts[prompt_id] = [self.discount * pos + positives, self.discount * neg + negatives, int(visits) + 1]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"est": {pid: list(c) for pid, c in self.counts.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        try:
+            self.counts = {str(pid): [float(p), float(n), int(v)] for pid, (p, n, v) in state["est"].items()}
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"sampler state: not an EstHistory state dict ({err})") from None
+
+
+def est_allocation(p_hat: list[float], budget: int, n_min: int, n_max: int) -> list[int]:
+    """Samples per prompt for the log objective: N_x proportional to 1/sqrt(p_hat_x), clipped to
+    [n_min, n_max], summing to exactly `budget`.
+
+    The real-valued allocation is clip(c / sqrt(p_hat_x), n_min, n_max) with the one scale c that makes
+    it sum to `budget` (the sum is continuous and non-decreasing in c: bisection). It is then rounded
+    down and the samples left over go one each to the largest fractional parts (ties: earlier prompt),
+    which never passes n_max (a value at n_max has no fractional part).
+
+    p_hat [1/4, 1/16, 1], budget 14, bounds [2, 8] -> c = 2 -> [4, 8, 2].
+    """
+    count = len(p_hat)
+    if count == 0:
+        return []
+    if not count * n_min <= budget <= count * n_max:
+        raise ValueError(f"est: a budget of {budget} samples cannot give {count} prompts {n_min}..{n_max} each")
+    if any(not 0.0 < p <= 1.0 for p in p_hat):
+        raise ValueError(f"est: every pass-rate estimate must be in (0, 1], got {min(p_hat)}..{max(p_hat)}")
+    raw = [1.0 / math.sqrt(p) for p in p_hat]
+
+    def spread(c: float) -> list[float]:
+        return [min(max(c * r, n_min), n_max) for r in raw]
+
+    low, high = 0.0, n_max / min(raw)  # spread(high) is all n_max
+    for _ in range(200):
+        mid = (low + high) / 2
+        if sum(spread(mid)) < budget:
+            low = mid
+        else:
+            high = mid
+    values = spread(high)
+    alloc = [min(n_max, max(n_min, math.floor(v + 1e-9))) for v in values]
+    left = budget - sum(alloc)
+    order = sorted(range(count), key=lambda i: (-(values[i] - alloc[i]), i))
+    while left > 0:  # one pass suffices; the loop only guards against rounding at the bounds
+        for i in order:
+            if left > 0 and alloc[i] < n_max:
+                alloc[i] += 1
+                left -= 1
+    while left < 0:  # float error rounded a value up past the budget: take back from the smallest parts
+        for i in reversed(order):
+            if left < 0 and alloc[i] > n_min:
+                alloc[i] -= 1
+                left += 1
+    return alloc
+
+
+def est_weights(p_hat: list[float]) -> list[float]:
+    """The log objective's prompt weights f'(p) = 1/p_hat, normalised to mean 1 (the learning rate keeps its
+    meaning). p_hat [0.5, 0.25] -> 1/p = [2, 4] -> [2/3, 4/3]."""
+    if not p_hat:
+        return []
+    inverse = [1.0 / p for p in p_hat]
+    mean = sum(inverse) / len(inverse)
+    return [w / mean for w in inverse]

@@ -2,7 +2,7 @@
 
 A step takes B prompts and hands the update engine one `Group` of exactly n scored samples per kept
 prompt. A prompt whose n rewards are all equal gets zero advantage and teaches nothing, and at the
-start (hard prompts) and end (easy prompts) of training most groups are like that. Four samplers,
+start (hard prompts) and end (easy prompts) of training most groups are like that. Five samplers,
 chosen by `SamplerConfig.name`, answer this differently:
 
 - `fixed` (GRPO): one engine call, n samples per prompt; keep every group.
@@ -18,6 +18,10 @@ chosen by `SamplerConfig.name`, answer this differently:
       prompts still active are unresolved: `keep` them (reference code) or `drop` them (paper)
       group = downsample(pool, n); advantages = estimator(group rewards, WHOLE pool rewards)
 
+- `est` (Reinforce-Ada-Est, the paper's v3): each prompt's pass rate p_hat estimated from its history,
+  N_x proportional to 1/sqrt(p_hat) samples (the log objective's variance-minimising rule), clipped and
+  scaled to the step's budget, in one engine call; each prompt's gradient weighted by 1/p_hat.
+  `EstSampler` below and `est_allocation` in ada_core/sampling/allocation.py.
 - `budgeted` (ours, beyond the paper): GRPO's B x n samples a step (or `sampler.budget`), spent by a
   history-informed allocation policy; `BudgetedSampler` below and ada_core/sampling/allocation.py.
 
@@ -40,7 +44,8 @@ from ada_core.config import AdvantageConfig, SamplerConfig
 from ada_core.data.source import PromptSource
 from ada_core.protocols import RolloutEngine, SamplingParams, Verifier
 from ada_core.records import Group, Prompt, PromptPool, RolloutBatch
-from ada_core.sampling.allocation import PromptHistory, greedy_allocation, mixed_prob, select_prompts, step_budget
+from ada_core.sampling.allocation import (EstHistory, PromptHistory, est_allocation, est_weights, greedy_allocation,
+                                         mixed_prob, select_prompts, step_budget)
 from ada_core.sampling.rounds import (DOWNSAMPLERS, allocate_round, check_prompts, draw_and_score, finish_batch, has_exited,
                                      make_group)
 from ada_core.sampling.step_metrics import StepClock
@@ -303,9 +308,78 @@ class BudgetedSampler:
             pools[i].rounds = round_index + 1
 
 
-Sampler = FixedSampler | DynamicFilterSampler | AdaSampler | BudgetedSampler
+@dataclass
+class EstSampler:
+    """Reinforce-Ada-Est (arXiv 2510.04996v3) for the objective f(p) = log p; docs/ALGORITHM.md says how
+    we read the paper where it leaves a choice.
+
+        p_hat_x = EstHistory.estimate(x)               discounted counts + Beta prior, BEFORE this visit
+        N_x     = est_allocation(p_hat, budget, est_min, est_max)   ~ 1/sqrt(p_hat_x), sums to the budget
+        ONE engine call: N_x samples for every prompt; score them; the history visits every prompt
+        group   = the WHOLE pool (N_x samples, no downsampling); advantages by the configured estimator
+        log weighting: A_i *= w_x * (budget / B) / N_x,  w_x = (1/p_hat_x) / mean_x(1/p_hat_x)
+
+    The last line makes each prompt's summed gradient its mean sample gradient times w_x (times a
+    constant): the estimator of grad log p = grad p / p. Without it (`est_weighting: none`) every sample
+    counts alike, as in GRPO, and a prompt's weight grows with its N_x. A uniform pool (all correct or all
+    wrong) is `unresolved`: kept with zero advantage, or dropped (`unresolved: drop`).
+    """
+
+    cfg: SamplerConfig
+    advantage: AdvantageConfig
+    history: EstHistory = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.history = EstHistory(self.cfg.prior_strength, self.cfg.prior_weight, self.cfg.est_discount)
+
+    def state_dict(self) -> dict:
+        return self.history.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history.load_state_dict(state)
+
+    def sample(
+        self,
+        prompts: list[Prompt],
+        engine: RolloutEngine,
+        verifier: Verifier,
+        sampling: SamplingParams,
+        rng: np.random.Generator,
+        source: PromptSource | None = None,
+    ) -> RolloutBatch:
+        clock = StepClock()
+        check_prompts(prompts)
+        cfg, threshold = self.cfg, self.cfg.positive_threshold
+        budget = step_budget(cfg.budget, len(prompts), cfg.n)
+        p_hat = [self.history.estimate(p) for p in prompts]
+        alloc = est_allocation(p_hat, budget, cfg.est_min, cfg.est_max)
+        weights = est_weights(p_hat) if cfg.est_weighting == "log" else [1.0] * len(prompts)
+        pools = [PromptPool(p, rounds=1) for p in prompts]
+        clock.active_per_round.append(len(pools))
+        drawn = draw_and_score(list(zip(prompts, alloc)), 0, engine, verifier, sampling, rng, clock)
+        mean_size = budget / len(prompts)
+        groups = []
+        for pool, samples, weight in zip(pools, drawn, weights):
+            pool.samples.extend(samples)
+            pos = pool.num_positive(threshold)
+            self.history.visit(pool.prompt.id, pos, len(samples) - pos)
+            pool.exit_reason = "mixed" if 0 < pos < len(samples) else "unresolved"
+            if pool.exit_reason == "unresolved" and cfg.unresolved == "drop":
+                continue
+            group = make_group(pool, list(pool.samples), self.advantage, threshold)
+            if cfg.est_weighting == "log":
+                scale = weight * mean_size / len(samples)
+                group.advantages = [a * scale for a in group.advantages]
+            groups.append(group)
+        extra = {mk.SAMPLER_BUDGET: float(budget), mk.SAMPLER_EST_P_HAT_MIN: float(min(p_hat)),
+                 mk.SAMPLER_EST_WEIGHT_MAX: float(max(weights))}
+        return finish_batch(pools, groups, clock, cfg, ["mixed", "unresolved"], extra, needed=(1, 1))
+
+
+Sampler = FixedSampler | DynamicFilterSampler | AdaSampler | BudgetedSampler | EstSampler
 SAMPLERS: dict[str, type[Sampler]] = {
     "fixed": FixedSampler, "dynamic_filter": DynamicFilterSampler, "ada": AdaSampler, "budgeted": BudgetedSampler,
+    "est": EstSampler,
 }
 
 

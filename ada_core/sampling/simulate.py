@@ -242,9 +242,10 @@ def budgeted_methods() -> dict[str, object]:
     N = 4 (cap 16 per prompt), and their ceiling with known pass rates."""
     global_mean = AdvantageConfig(name="global_mean")
     methods: dict[str, object] = {}
-    for name, allocation in (("ada-est", "posterior"), ("ada-budget", "elimination")):
+    for name, allocation in (("ada-posterior", "posterior"), ("ada-budget", "elimination")):
         cfg = SamplerConfig(name="budgeted", allocation=allocation, n=4, M=4, N=4)
         methods[name] = make_sampler(cfg, global_mean)
+    methods["ada-est"] = make_sampler(SamplerConfig(name="est", n=4), global_mean)  # the paper's Est
     methods["oracle-budget"] = BudgetOracle(n=4, max_samples_per_prompt=16)
     return methods
 

@@ -33,7 +33,7 @@ def start_model(model: str, sft_steps: int, dataset: str, seen: list[Prompt], se
 def curate_for_model(
     model: str, sft_steps: int, dataset: str, pool_size: int, k: int, ceiling: float, seed: int, max_tokens: int,
     temperature: float, positive_threshold: float, micro_batch_size: int, out_dir: str | Path,
-    sft_progress: Progress | None = None, progress: Progress | None = None,
+    sft_progress: Progress | None = None, progress: Progress | None = None, band: list[float] | None = None,
 ) -> dict[str, Any]:
     """Draw a pool of `pool_size` prompts, difficulty-filter it with the start model (`start_model` on the
     pool) and save the curated set to `out_dir`; returns {model, pool, kept, dropped} for its summary.
@@ -52,7 +52,7 @@ def curate_for_model(
     sampling = SamplingParams(temperature=temperature, top_p=1.0, max_tokens=max_tokens, seed=seed)
     with MathVerifier() as verifier:
         result = curation.curate(pool, engine, verifier, sampling, k=k, ceiling=ceiling, seed=seed,
-                                 positive_threshold=positive_threshold, progress=progress)
+                                 positive_threshold=positive_threshold, progress=progress, band=band)
     curation.save_curated(result, out_dir)
     return {
         "model": str(model_dir),

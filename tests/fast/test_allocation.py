@@ -173,11 +173,11 @@ def test_budget_below_n_is_a_config_error():
     with pytest.raises(ValueError, match="sampler.budget = 3 is below sampler.n = 4"):
         SamplerConfig(name="budgeted", n=4, budget=3)
     with pytest.raises(ConfigError, match="sampler.budget"):
-        build_config("ada-est", "tiny", overrides={"sampler": {"budget": 0}})
+        build_config("ada-posterior", "tiny", overrides={"sampler": {"budget": 0}})
 
 
 def test_presets_build_the_budgeted_sampler():
-    for preset, allocation in (("ada-est", "posterior"), ("ada-budget", "elimination")):
+    for preset, allocation in (("ada-posterior", "posterior"), ("ada-budget", "elimination")):
         cfg = build_config(preset, "tiny")
         sampler = make_sampler(cfg.sampler, cfg.advantage)
         assert isinstance(sampler, BudgetedSampler) and cfg.sampler.allocation == allocation
@@ -190,7 +190,7 @@ def test_budgeted_policies_beat_grpo_at_grpo_samples_on_a_reused_pool():
     methods = {**budgeted_methods(), "grpo-n4": make_sampler(SamplerConfig(name="fixed", n=4), AdvantageConfig())}
     r = run_simulation(num_prompts=128, steps=8, seed=1, pool=512, methods=methods)
     grpo = r["grpo-n4"]
-    for name in ("ada-est", "ada-budget"):
+    for name in ("ada-posterior", "ada-budget"):
         assert r[name]["generated_samples_per_step"] <= grpo["generated_samples_per_step"]
         assert r[name]["effective_ratio"] > grpo["effective_ratio"]
         assert r[name]["effective_ratio"] <= r["oracle-budget"]["effective_ratio"] + 0.02

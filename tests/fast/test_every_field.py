@@ -37,7 +37,8 @@ from ada_core.protocols import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
 ADA = {"preset": "ada-balance"}
-EST = {"preset": "ada-est"}
+EST = {"preset": "ada-posterior"}  # the budgeted sampler's fields
+PAPER_EST = {"preset": "ada-est"}  # the paper's Est (sampler.name: est)
 DAPO = {"preset": "dapo"}
 VLLM = {"rollout.engine": "vllm"}
 RANKS = {"distributed.num_ranks": 2}
@@ -84,6 +85,10 @@ EFFECTS: dict[str, tuple[str, dict[str, Any], Any]] = {
     "sampler.forget": ("sampler", EST, 0.1),
     "sampler.skip_confidence": ("sampler", EST, 0.3),
     "sampler.explore_after": ("sampler", EST, 0),
+    "sampler.est_min": ("sampler", PAPER_EST, 3),
+    "sampler.est_max": ("sampler", PAPER_EST, 5),
+    "sampler.est_discount": ("est_history", PAPER_EST, 0.1),
+    "sampler.est_weighting": ("sampler", PAPER_EST, "none"),
     "advantage.name": ("sampler", {}, "rloo"),
     "advantage.eps": ("sampler", {}, 0.5),
     # the loss on fixed tensors
@@ -114,6 +119,7 @@ EFFECTS: dict[str, tuple[str, dict[str, Any], Any]] = {
     "data.max_prompt_tokens": ("encode", {}, 6),
     "data.curation_k": ("curation", {}, 2),
     "data.pass_rate_ceiling": ("curation", {}, 0.2),
+    "data.keep_pass_rate": ("curation", {}, [0.25, 0.5]),
     "rollout.micro_batch_size": ("curation", {}, 3),
     # a launched vLLM server's command line and environment; the engine's client
     "rollout.vllm.port": ("vllm_server", VLLM, 8123),
@@ -212,6 +218,18 @@ def probe_sampler(cfg: TrainConfig, tmp_path: Path):
             return ("refused", str(err))
         out.append(_batch_signature(batch))
     return out
+
+
+def probe_est_history(cfg: TrainConfig, tmp_path: Path):
+    """The est sampler on 6 prompts visited 4 times each: a discount acts from a prompt's third visit."""
+    from ada_core.sampling import make_sampler
+    from ada_core.sampling.simulate import BernoulliEngine, BernoulliVerifier
+
+    prompts = _prompts(6)
+    sampler = make_sampler(cfg.sampler, cfg.advantage)
+    sampling = SamplingParams(max_tokens=14)
+    return [_batch_signature(sampler.sample(prompts, BernoulliEngine(), BernoulliVerifier(), sampling,
+                                            np.random.default_rng(step))) for step in range(1, 5)]
 
 
 def probe_streaming(cfg: TrainConfig, tmp_path: Path):
@@ -350,7 +368,7 @@ def probe_curation(cfg: TrainConfig, tmp_path: Path):
     if "verifier" not in _SHARED:
         _SHARED["verifier"] = MathVerifier()  # its workers start once for the module; closed at its end
     kept = curate(pool, BernoulliEngine(), _SHARED["verifier"], SamplingParams(max_tokens=8), k=inputs["k"],
-                  ceiling=inputs["ceiling"], seed=0)
+                  ceiling=inputs["ceiling"], seed=0, band=inputs["keep_pass_rate"])
     return inputs["micro_batch_size"], [p.id for p in kept.prompts]
 
 

@@ -12,7 +12,7 @@ from ada_core.config import ConfigError, build_config
 from ada_core.run.ledger import Ledger, open_engine, read_rows
 
 
-@pytest.mark.parametrize("method", ["ada-est", "ada-balance-m4", "dapo"])
+@pytest.mark.parametrize("method", ["ada-posterior", "ada-est", "ada-balance-m4", "dapo"])
 def test_rows_per_step_equal_prompts_drawn(tmp_path, method):
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     ledger = Ledger.start(url, tmp_path, threshold=0.7)

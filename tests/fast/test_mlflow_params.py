@@ -7,11 +7,18 @@ from flows import tracking
 
 
 def test_mlflow_logs_what_each_run_reads_and_n_a_for_the_rest():
-    est = tracking.run_params(build_config("ada-est", "tiny"), "ada-est", "digest")
+    est = tracking.run_params(build_config("ada-posterior", "tiny"), "ada-posterior", "digest")
     for key in ("N", "M", "sampler.N", "sampler.M", "sampler.unresolved", "sampler.downsample", "sampler.budget",
                 "sampler.allocation"):
         assert est[key] != tracking.NOT_APPLICABLE, key  # the budgeted sampler reads them
     assert est["sampler.exit_rule"] == est["sampler.window"] == tracking.NOT_APPLICABLE  # it always uses `mixed`
+    paper_est = tracking.run_params(build_config("ada-est", "tiny"), "ada-est", "digest")
+    for key in ("sampler.budget", "sampler.prior_strength", "sampler.est_min", "sampler.est_discount",
+                "sampler.unresolved"):
+        assert paper_est[key] != tracking.NOT_APPLICABLE, key  # the paper's Est reads them
+    for key in ("N", "M", "sampler.allocation", "sampler.forget", "sampler.downsample", "sampler.exit_rule"):
+        assert paper_est[key] == tracking.NOT_APPLICABLE, key  # and not these
+    assert est["sampler.est_min"] == est["sampler.est_weighting"] == tracking.NOT_APPLICABLE
     for preset in ("grpo", "ada-balance"):
         params = tracking.run_params(build_config(preset, "tiny"), preset, "digest")
         for key in ("sampler.budget", "sampler.allocation", "sampler.prior_strength", "sampler.forget",

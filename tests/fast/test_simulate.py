@@ -105,7 +105,8 @@ def test_oracle_skips_hopeless_prompts_and_stops_at_the_first_good_pool(rule, ne
 def test_default_methods_cover_the_comparison():
     assert set(default_methods()) == {
         "grpo-n4", "grpo-n8", "grpo-n16", "grpo-n32", "dapo", "ada-pos-m8", "ada-balance-m8",
-        "ada-pos-m4", "ada-balance-m4", "oracle-mixed", "oracle-balance", "ada-est", "ada-budget", "oracle-budget",
+        "ada-pos-m4", "ada-balance-m4", "oracle-mixed", "oracle-balance", "ada-posterior", "ada-budget", "oracle-budget",
+        "ada-est",
     }
 
 

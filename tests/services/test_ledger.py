@@ -48,7 +48,7 @@ def test_a_killed_and_resumed_run_has_each_step_and_prompt_once(tmp_path):
         if step == 3:  # step 3's rows are queued and written, but its checkpoint never happens
             raise Killed("killed after step 3")
 
-    state = setup(build_config("ada-est", "tiny", overrides={**overrides, "steps": 4}), run_dir)
+    state = setup(build_config("ada-posterior", "tiny", overrides={**overrides, "steps": 4}), run_dir)
     try:
         with pytest.raises(Killed):
             run_steps(state, callbacks=Callbacks(on_step=kill_at_3))
@@ -57,7 +57,7 @@ def test_a_killed_and_resumed_run_has_each_step_and_prompt_once(tmp_path):
         state.close()
     assert {r["step"] for r in read_rows(run_dir)} == {1, 2, 3}
 
-    resumed = setup(build_config("ada-est", "tiny", overrides={**overrides, "steps": 4}), run_dir, resume=run_dir)
+    resumed = setup(build_config("ada-posterior", "tiny", overrides={**overrides, "steps": 4}), run_dir, resume=run_dir)
     try:
         assert resumed.sampler.state_dict() == saved_history  # the posteriors continue from step 2
         assert {r["step"] for r in read_rows(run_dir)} == {1, 2}  # step 3's orphan rows are gone

@@ -1,0 +1,135 @@
+"""The paper's tables on `tiny` by one command (docs/BENCHMARKS.md, Paper tables on tiny).
+
+    ADA_HOME=/tmp/paper_home .venv/bin/python benchmarks/paper_tables.py            # the whole grid
+    .venv/bin/python benchmarks/paper_tables.py --smoke                              # a minute: the plumbing
+
+The grid is the `paper-tables` flow (flows/paper_tables.py): for each pool one `compare` run (its own
+MLflow parent run, Prefect subflow and report) over GRPO n = 4, 8, 16, DAPO, Ada-Seq-pos,
+Ada-Seq-balance and Ada-Est, 3 seeds, the tiny profile's 60 steps. Both pools come from the same
+8,192 raw `a+b=` prompts and the same 600-step SFT start (so they differ only by the filter):
+
+- `standard`: the tiny profile's curation (k = 8, 0 < pass rate <= 0.875);
+- `hard`: the paper's hard set, 1-2 correct of 16 (`data.keep_pass_rate` [1/16, 2/16], k = 16).
+
+Each pool holds out 512 curated prompts (eval avg@4 and pass@4 every 10 steps) and trains on a fixed
+pool of 256 of the rest, reused over epochs as in the paper (60 x 32 = 1,920 draws: 7.5 epochs).
+
+Tables A, B and C go to `--out` (default out/paper_tables/paper_tables.md), to the Prefect artifact
+`paper-tables` and to `report/paper_tables.md` on both parent runs. A killed grid resumes with
+`--resume standard=<group folder> hard=<group folder>` (the folders the log names); `--tables-from`
+writes the tables from whatever children of those folders finished, without running anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a fresh clone
+
+METHODS = ["grpo", "grpo-n8", "grpo-n16", "dapo", "ada-pos", "ada-balance", "ada-est"]
+RAW_POOL = 8192  # both pools' raw prompts; the hard filter keeps enough of it (docs/BENCHMARKS.md)
+HELD_OUT = 512
+OVERRIDES = {
+    "data.train_size": RAW_POOL - HELD_OUT,
+    "data.eval_size": HELD_OUT,
+    "data.train_pool": 256,
+    "eval_k": 4,
+    "eval_every": 10,
+    "checkpoint_every": 0,  # only the final checkpoint: the grid's runs are short, a killed one reruns
+}
+POOLS = {
+    "standard": {},  # the tiny profile's curation: k = 8, 0 < pass rate <= 0.875
+    "hard": {"data.curation_k": 16, "data.keep_pass_rate": [1 / 16, 2 / 16]},
+}
+# --smoke: the flows tests' small data (two-digit sums, a 150-step SFT start, 412 prompts at k = 4),
+# so within one test session the SFT start and the standard curation are cache hits; the hard band is
+# 1-2 correct of 4. One seed, two methods, two steps, both pools, through the same flow.
+SMOKE = {
+    "methods": ["grpo", "ada-est"], "seeds": [0], "steps": 2, "prompts_per_step": 4,
+    "overrides": {"data.dataset": "arithmetic:2", "data.train_size": 400, "data.eval_size": 12, "data.curation_k": 4,
+                  "sft_steps": 150, "eval_every": 1, "eval_k": 2, "checkpoint_every": 0},
+    # the band replaces the ceiling, so only the standard pool may set one (a field a run never reads is refused)
+    "pools": {"standard": {"data.pass_rate_ceiling": 1.0}, "hard": {"data.keep_pass_rate": [0.25, 0.5]}},
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="one seed, two methods, two steps, both pools")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--methods", nargs="+", default=METHODS)
+    parser.add_argument("--pools", nargs="+", default=list(POOLS), choices=list(POOLS))
+    parser.add_argument("--steps", type=int, default=None, help="training steps (default: the tiny profile's 60)")
+    parser.add_argument("--out", type=Path, default=Path("out/paper_tables"), help="folder for paper_tables.md")
+    parser.add_argument("--experiment", default="paper-tables")
+    parser.add_argument("--resume", nargs="+", default=[], metavar="POOL=GROUP_DIR",
+                        help="continue a killed grid: each pool's compare group folder")
+    parser.add_argument("--tables-from", nargs="+", default=[], metavar="POOL=GROUP_DIR",
+                        help="only write the tables from the finished children of these compare group folders "
+                             "(a pool may be named more than once)")
+    return parser.parse_args(argv)
+
+
+def pairs(items: list[str], flag: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise SystemExit(f"{flag} {item!r}: expected POOL=GROUP_DIR")
+        pool, folder = item.split("=", 1)
+        out[pool] = folder
+    return out
+
+
+def grid(args: argparse.Namespace) -> dict:
+    """The flow's arguments for these command-line arguments."""
+    if args.smoke:
+        return dict(SMOKE, experiment=args.experiment)
+    return {"methods": args.methods, "seeds": args.seeds, "steps": args.steps, "prompts_per_step": None,
+            "overrides": OVERRIDES, "pools": {p: POOLS[p] for p in args.pools}, "experiment": args.experiment}
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Run the grid (or only write the tables) in an environment already configured for Prefect and MLflow."""
+    from flows.paper_tables import finished_runs, order_runs, paper_tables
+    from report.paper_tables import paper_tables_markdown
+
+    spec = grid(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    if args.tables_from:
+        groups: dict[str, list[str]] = {}
+        for item in args.tables_from:  # a pool may name several groups (a grid split over processes)
+            pool, folder = next(iter(pairs([item], "--tables-from").items()))
+            groups.setdefault(pool, []).append(folder)
+        runs = {pool: order_runs([r for folder in folders for r in finished_runs(folder)], spec["methods"])
+                for pool, folders in groups.items()}
+        done = {pool: sorted({(r.label, r.seed) for r in rs}) for pool, rs in runs.items()}
+        markdown = "# Paper tables (from the finished children only)\n\n" + "\n".join(
+            f"- pool `{pool}`: {len(d)} runs finished: {', '.join(f'{m}-s{s}' for m, s in d)}"
+            for pool, d in done.items()) + "\n\n" + paper_tables_markdown(runs, order=spec["methods"])
+        result = {"markdown": markdown, "groups": groups}
+    else:
+        result = paper_tables(**spec, resume=pairs(args.resume, "--resume"))
+    path = args.out / "paper_tables.md"
+    path.write_text(result["markdown"])
+    info = {"tables": str(path), "minutes": round((time.perf_counter() - start) / 60, 2), "groups": result["groups"]}
+    print(result["markdown"])
+    print(json.dumps(info, indent=1))
+    return {**result, **info}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    from flows.demo import configure_environment
+
+    home, prefect_mode = configure_environment()  # before Prefect is imported
+    print(f"ADA_HOME={home}; Prefect: {prefect_mode}")
+    return run(args)
+
+
+if __name__ == "__main__":
+    main()
