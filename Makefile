@@ -53,11 +53,11 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q tests/fast
 
 # Two pytest-xdist workers, one per core of these machines: the tiers are CPU-bound on one torch thread
-# each. `--dist loadgroup` keeps a module on one worker and the modules that share one vLLM server or
-# one `make ui` stack together (tests/conftest.py). Exit code 5 (nothing collected) is not a failure.
+# each. `--dist loadfile` runs each module whole, in file order, on one worker, so its module fixtures
+# start once and its tests follow one another as written. Exit code 5 (nothing collected) is not a failure.
 TEST_WORKERS ?= 2
 test: $(STAMP) $(VLLM_STAMP) browser
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 sim: $(STAMP)
 	$(VENV)/bin/ada simulate --json docs/sim.json --png docs/sim.png

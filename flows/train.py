@@ -152,12 +152,17 @@ def train(params: TrainParams = TrainParams()) -> dict[str, Any]:
         return train_run(params)
 
 
+SLOT_LEASE_S = 60.0
+
+
 @contextmanager
 def training_slots(names: list[str]) -> Iterator[None]:
     """Hold one slot of each Prefect global concurrency limit in `names` (none: no wait) for the whole run.
 
     strict: a limit that does not exist is an error, not a silent pass. A lease renewal that fails
-    (a server hiccup) does not stop training; the slot is freed when the lease runs out instead.
+    (a server hiccup) does not stop training; the slot is freed when the lease runs out instead. The
+    lease is SLOT_LEASE_S, renewed while the run lives: a run killed without clean-up (a cancelled child
+    its worker stops, a SIGKILL) frees its slot within that, not Prefect's default of 5 minutes.
     """
     if not names:
         yield
@@ -166,7 +171,8 @@ def training_slots(names: list[str]) -> Iterator[None]:
     logger.info("waiting for a slot of %s", ", ".join(names))
     run_id = flow_run.get_id()
     holder = ConcurrencyLeaseHolder(type="flow_run", id=run_id) if run_id else None
-    with concurrency(names, occupy=1, strict=True, holder=holder, raise_on_lease_renewal_failure=False):
+    with concurrency(names, occupy=1, strict=True, holder=holder, lease_duration=SLOT_LEASE_S,
+                     raise_on_lease_renewal_failure=False):
         logger.info("holding a slot of %s", ", ".join(names))
         yield
 

@@ -138,22 +138,3 @@ def vllm_server(tiny_model, tmp_path_factory):
             yield server
         finally:
             patch.undo()
-
-
-# Under pytest-xdist (`make test` runs two workers, `--dist loadgroup`), a module runs whole on one
-# worker, in file order, so its module fixtures start once and its tests see each other's effects as
-# written; modules that share a costly session server (one vLLM server, one `make ui` stack) run on
-# the same worker, so that server starts once, not once per worker.
-_SHARED_SERVERS = ("vllm_server", "ui_stack")
-
-
-def pytest_collection_modifyitems(config, items):
-    group = {}
-    for item in items:
-        module = item.nodeid.split("::", 1)[0]
-        names = getattr(item, "fixturenames", ())
-        shared = next((name for name in _SHARED_SERVERS if name in names), None)
-        if shared or module not in group:
-            group[module] = shared or group.get(module) or module
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group[item.nodeid.split("::", 1)[0]]))

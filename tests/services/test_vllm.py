@@ -173,7 +173,8 @@ def test_a_few_steps_train_with_the_vllm_engine(preset, schedule, vllm_server, t
 
 
 def test_a_launched_server_that_dies_is_a_clear_error(tmp_path):
-    config = build_config("grpo", "tiny", overrides={**SMALL, "steps": 2, "eval_every": 0,
+    no_eval = {k: v for k, v in SMALL.items() if k != "eval_k"}  # a field the run never reads is refused
+    config = build_config("grpo", "tiny", overrides={**no_eval, "steps": 2, "eval_every": 0,
                                                      "rollout": {"engine": "vllm"}})
     state = setup(config, tmp_path / "run")
     server = state.rollout.server
@@ -281,7 +282,6 @@ def test_a_launched_server_dies_with_its_driver_however_it_dies(tiny_model, tmp_
     import sys
     import time
 
-    import psutil
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
     driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(tiny_model), str(tmp_path / "server.log")], env=env,

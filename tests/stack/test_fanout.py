@@ -15,6 +15,7 @@ import pytest
 from mlflow import MlflowClient
 
 from flows.params import CompareParams, SweepParams
+from flows.train import SLOT_LEASE_S
 
 pytestmark = pytest.mark.slow
 
@@ -292,7 +293,8 @@ def test_a_failing_parent_cancels_its_children_and_deletes_its_limit(stack):
             time.sleep(1)
         states = sorted(r.state.type.value for r in runs)
         assert states == ["CANCELLED", "COMPLETED"], (states, worker_logs(stack))
-        deadline = time.monotonic() + 60
+        # A child stopped while it held a slot frees it when its lease runs out (flows.train.SLOT_LEASE_S).
+        deadline = time.monotonic() + SLOT_LEASE_S + 60
         while client.read_global_concurrency_limit_by_name(LIMIT).active_slots and time.monotonic() < deadline:
             time.sleep(1)
         assert client.read_global_concurrency_limit_by_name(LIMIT).active_slots == 0
