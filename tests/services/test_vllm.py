@@ -282,7 +282,6 @@ def test_a_launched_server_dies_with_its_driver_however_it_dies(tiny_model, tmp_
     import sys
     import time
 
-
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
     driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(tiny_model), str(tmp_path / "server.log")], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
