@@ -103,7 +103,7 @@ def one_run(name: str, preset: str, k: int, args, model_dir: Path, base_url: str
 
 def learning(args) -> dict:
     from ada_core.config import build_config
-    from ada_core.engines.vllm_server import VLLMServer
+    from ada_core.engines.vllm_server import API_KEY_ENV, VLLMServer
     from ada_core.models import resolve_model
     from ada_core.run.files import read_metrics
     from ada_core.training import run_steps, setup
@@ -114,6 +114,7 @@ def learning(args) -> dict:
     work = Path(tempfile.mkdtemp(prefix="ada-async-learning-"))
     finals: dict[str, dict[int, dict]] = {"sync": {}, "async1": {}}
     with VLLMServer(resolve_model("tiny"), dtype="float32", log_path=work / "server.log", startup_timeout_s=900) as server:
+        os.environ[API_KEY_ENV] = server.api_key  # runs attach by base_url; the key goes by the environment
         for seed in (0, 1, 2):
             for label, k in (("sync", 0), ("async1", 1)):
                 config = build_config("ada-balance", "tiny", overrides={
@@ -180,7 +181,7 @@ def run() -> dict:
         own_home = os.environ["ADA_HOME"] = tempfile.mkdtemp(prefix="ada-async-home-")
     import torch
 
-    from ada_core.engines.vllm_server import VLLMServer
+    from ada_core.engines.vllm_server import API_KEY_ENV, VLLMServer
 
     cores = sorted(os.sched_getaffinity(0))
     server_core, trainer_core = cores[0], cores[1 % len(cores)]
@@ -194,6 +195,7 @@ def run() -> dict:
     server.env["VLLM_CPU_OMP_THREADS_BIND"] = str(server_core)
     runs: dict[str, list[dict]] = {}
     with server:
+        os.environ[API_KEY_ENV] = server.api_key  # runs attach by base_url; the key goes by the environment
         os.sched_setaffinity(0, {trainer_core})
         torch.set_num_threads(1)
         for _ in range(args.repeats):

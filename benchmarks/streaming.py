@@ -77,8 +77,10 @@ class PassRateVerifier:
         return out
 
 
-def measure_iterations(base_url: str, sizes=(1, 16, 64, 128), tokens: int = 64) -> list[tuple[int, float]]:
-    """(running sequences, ms per iteration) of the server: one n=b request with ignore_eos each."""
+def measure_iterations(base_url: str, sizes=(1, 16, 64, 128), tokens: int = 64,
+                       headers: dict | None = None) -> list[tuple[int, float]]:
+    """(running sequences, ms per iteration) of the server: one n=b request with ignore_eos each;
+    `headers`: the server's API key (`VLLMServer.headers`)."""
     import httpx
 
     points = []
@@ -86,7 +88,7 @@ def measure_iterations(base_url: str, sizes=(1, 16, 64, 128), tokens: int = 64) 
         body = {"model": "ada-policy", "prompt": [1, 5, 6, 7], "n": b, "max_tokens": tokens, "temperature": 1.0,
                 "seed": 1, "ignore_eos": True}
         start = time.perf_counter()
-        httpx.post(f"{base_url}/v1/completions", json=body, timeout=300).raise_for_status()
+        httpx.post(f"{base_url}/v1/completions", json=body, headers=headers, timeout=300).raise_for_status()
         points.append((b, 1000 * (time.perf_counter() - start) / tokens))
     return points
 
@@ -144,10 +146,10 @@ def run() -> dict:
     results = {}
     with VLLMServer(model_dir, max_model_len=1024, dtype="float32", log_path=work / "server.log",
                     startup_timeout_s=600) as server:
-        engine = VLLMRolloutEngine(server.base_url, server=None, concurrency=args.concurrency)
+        engine = VLLMRolloutEngine(server.base_url, server=None, concurrency=args.concurrency, api_key=server.api_key)
         try:
             engine.generate([(prompts[0], 4)], sampling)  # warm-up
-            iteration_points = measure_iterations(server.base_url)
+            iteration_points = measure_iterations(server.base_url, headers=server.headers)
             for name, cfg in schedules.items():
                 sampler = make_sampler(cfg, AdvantageConfig(name="global_mean" if cfg.name == "ada" else "grpo"))
                 batch = sampler.sample(prompts, engine, PassRateVerifier(), sampling, np.random.default_rng(args.seed))
