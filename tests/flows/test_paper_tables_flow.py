@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from flows.group import STUDY_SEPARATOR
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +46,7 @@ def test_smoke_grid_writes_the_three_tables_on_both_parents(prefect_harness, ada
         parent = client.get_run(parent_id)
         assert parent.data.tags["ada.flow"] == "compare"
         children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'")
-        assert sorted(r.info.run_name.split("/")[-1] for r in children) == ["ada-est-s0", "grpo-s0"]
+        assert sorted(r.info.run_name.split(STUDY_SEPARATOR)[0] for r in children) == ["ada-est-s0", "grpo-s0"]
         artifacts = {a.path for a in client.list_artifacts(parent_id, "report")}
         assert "report/paper_tables.md" in artifacts and "report/report.md" in artifacts
         report = Path(client.download_artifacts(parent_id, "report/report.md", str(tmp_path / pool)))
