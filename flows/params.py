@@ -20,7 +20,7 @@ from pydantic import (
     model_validator,
 )
 
-from ada_core.config import PRESETS, ConfigError, TrainConfig, build_config
+from ada_core.config import PRESETS, ConfigError, TrainConfig, build_config, flatten_dotted
 
 Preset = Literal["grpo", "grpo-n8", "grpo-n16", "dapo", "ada-pos", "ada-balance", "ada-est", "ada-posterior",
                  "ada-budget"]
@@ -420,15 +420,3 @@ class CurateParams(_Params):
         top = {"seed": self.seed, "rollout.engine": self.engine}
         overrides = nest_dotted({**top, **flatten_dotted(nest_dotted(self.overrides))})
         return check_engine(build_config("grpo", self.profile, overrides=overrides))
-
-
-def flatten_dotted(nested: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """The inverse of `nest_dotted`: `{"sampler": {"M": 8}}` -> `{"sampler.M": 8}`."""
-    out: dict[str, Any] = {}
-    for key, value in nested.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, dict) and value:
-            out.update(flatten_dotted(value, name))
-        else:
-            out[name] = value
-    return out

@@ -16,19 +16,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ada_core.config import ALGORITHM_FIELDS
+from ada_core.config import ALGORITHM_FIELDS, flatten_dotted
 from report.curves import RunCurves
-
-
-def _flat(nested: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in nested.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, dict) and value:
-            out.update(_flat(value, name))
-        else:
-            out[name] = value
-    return out
 
 
 def _show(value: Any) -> str:
@@ -42,7 +31,7 @@ def config_differences(runs: list[RunCurves]) -> list[dict[str, Any]]:
     by_label: dict[str, list[dict[str, Any]]] = {}
     for run in runs:
         if run.config:
-            by_label.setdefault(run.label, []).append(_flat(run.config))
+            by_label.setdefault(run.label, []).append(flatten_dotted(run.config))
     if len(by_label) < 2:
         return []
     fields = list(dict.fromkeys(k for flats in by_label.values() for flat in flats for k in flat))

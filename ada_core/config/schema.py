@@ -578,6 +578,18 @@ def format_validation_error(err: ValidationError) -> str:
     return "invalid config:\n  " + "\n  ".join(lines)
 
 
+def flatten_dotted(nested: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`{"sampler": {"M": 8}}` -> `{"sampler.M": 8}`; an empty section stays a value (`{}`)."""
+    out: dict[str, Any] = {}
+    for key, value in nested.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            out.update(flatten_dotted(value, name))
+        else:
+            out[name] = value
+    return out
+
+
 def flat_params(config: TrainConfig) -> dict[str, Any]:
     """Dotted key -> value for every field, for logging as run parameters."""
     out: dict[str, Any] = {}
