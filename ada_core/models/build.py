@@ -9,13 +9,15 @@ weights and the same token ids.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.util
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -43,8 +45,10 @@ def build_tiny(out_dir: str | Path, seed: int = 0) -> Path:
     """
     out = Path(out_dir)
     marker = {"name": "tiny", "seed": seed, "version": BUILD_VERSION}
-    if read_marker(out) == marker:
-        return out
+    return built_once(out, marker, lambda: _build_tiny(out, seed, marker))
+
+
+def _build_tiny(out: Path, seed: int, marker: dict) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = build_tiny_tokenizer()
@@ -109,8 +113,10 @@ def convert_smollm2(out_dir: str | Path) -> Path:
     gguf = smollm2_gguf_path()
     marker = {"name": "smollm2-135m", "gguf": gguf.name, "gguf_bytes": gguf.stat().st_size,
               "version": BUILD_VERSION}
-    if read_marker(out) == marker:
-        return out
+    return built_once(out, marker, lambda: _convert_smollm2(out, gguf, marker))
+
+
+def _convert_smollm2(out: Path, gguf: Path, marker: dict) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -217,6 +223,35 @@ def read_marker(folder: Path) -> dict | None:
         return json.loads((folder / _MARKER).read_text())
     except (OSError, ValueError):
         return None
+
+
+def built_once(out: Path, marker: dict, build: Callable[[], Path]) -> Path:
+    """`out` if it holds a finished build with `marker`, else `build()`, one builder at a time.
+
+    Processes that need the same folder at once (a sweep's children on one machine, two test workers)
+    wait for the first one's build instead of each repeating it: the check is repeated under the lock.
+    """
+    if read_marker(out) == marker:
+        return out
+    with build_lock(out):
+        if read_marker(out) == marker:  # built by another process while this one waited
+            return out
+        return build()
+
+
+@contextmanager
+def build_lock(out: Path) -> Iterator[None]:
+    """An exclusive `flock` on `.<name>.lock` beside `out`, for as long as the block runs.
+
+    The kernel drops it when its holder dies, so a builder killed mid-way blocks no one: the next one
+    takes the lock and finds no marker (atomic_build never leaves a half-written `out`)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def atomic_build(out: Path, write: Callable[[Path], None], marker: dict) -> Path:

@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 
 from ada_core.paths import cache_dir
-from ada_core.models.build import BUILD_VERSION, atomic_build, folder_fingerprint, read_marker, resolve_model, save_tokenizer
+from ada_core.models.build import (BUILD_VERSION, atomic_build, built_once, folder_fingerprint, resolve_model,
+                                   save_tokenizer)
 from ada_core.models.policy import answer_target, format_prompt_ids, load_policy
 from ada_core.records import Prompt
 
@@ -55,16 +56,17 @@ def sft_warm_start(
     key = _sft_key(base, prompts, steps=steps, batch_size=batch_size, lr=lr, seed=seed)
     out = Path(out_dir) if out_dir is not None else cache_dir() / "sft" / key[:20]
     marker = {"name": "sft", "key": key, "version": BUILD_VERSION}
-    if read_marker(out) == marker:
-        return out
 
-    threads = torch.get_num_threads()
-    if num_threads is not None:
-        torch.set_num_threads(num_threads)
-    try:
-        return _train_sft(base, prompts, steps, batch_size, lr, seed, out, marker, progress)
-    finally:
-        torch.set_num_threads(threads)
+    def train() -> Path:
+        threads = torch.get_num_threads()
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        try:
+            return _train_sft(base, prompts, steps, batch_size, lr, seed, out, marker, progress)
+        finally:
+            torch.set_num_threads(threads)
+
+    return built_once(out, marker, train)
 
 
 def _train_sft(base: Path, prompts: list[Prompt], steps: int, batch_size: int, lr: float, seed: int, out: Path,
