@@ -76,8 +76,14 @@ class VLLMSampleStreamer:
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-stream", daemon=True)
         self._thread.start()
 
+        # The request timeout bounds connecting, and each wait for the next chunk; not the wait for a free
+        # connection (pool=None). A block queued behind `concurrency` live streams is not a stalled request:
+        # each of those streams is bounded by its own read timeout, and frees its connection when it ends.
+        # With a pool timeout, a slow (loaded) server made queued blocks fail with PoolTimeout.
+        timeout = httpx.Timeout(request_timeout_s, pool=None)
+
         async def setup():
-            self._client = httpx.AsyncClient(base_url=self.base_url, timeout=request_timeout_s, headers=headers,
+            self._client = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, headers=headers,
                                              limits=httpx.Limits(max_connections=concurrency,
                                                                  max_keepalive_connections=concurrency))
 
