@@ -53,11 +53,13 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q tests/fast
 
 # Two pytest-xdist workers, one per core of these machines: the tiers are CPU-bound on one torch thread
-# each. `--dist loadfile` runs each module whole, in file order, on one worker, so its module fixtures
-# start once and its tests follow one another as written. Exit code 5 (nothing collected) is not a failure.
+# each. Each group runs whole, in order, on one worker: a group is one module, or all the modules that
+# use one session server (tests/conftest.py's scheduler), so its fixtures start once and its tests
+# follow one another as written; groups are handed out slowest tier first (hence --no-loadscope-reorder).
+# Exit code 5 (nothing collected) is not a failure.
 TEST_WORKERS ?= 2
 test: $(STAMP) $(VLLM_STAMP) browser
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 sim: $(STAMP)
 	$(VENV)/bin/ada simulate --json docs/sim.json --png docs/sim.png

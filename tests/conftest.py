@@ -8,7 +8,12 @@ The tiers, cheapest first (`make test-fast` runs the first alone; `make test` ru
     stack/     tests that start Prefect servers of their own: `make ui`, fan-out (stack/conftest.py)
 
 - `ada_home` (autouse): a fresh ADA_HOME for the whole session, so tests never touch ./.ada and
-  costly builds (the tiny model, SFT warm starts, curated sets) are made once and reused.
+  costly builds (the tiny model, SFT warm starts, curated sets) are made once and reused; under
+  pytest-xdist the models and SFT warm starts are shared by the workers, made once for all.
+
+Under pytest-xdist (`make test`) each module is one group, run whole on one worker, except that the
+modules using one of SHARED_SERVERS form one group, so that server starts once; groups run slowest tier
+first (TIER_ORDER), so no long module starts last while the other worker idles.
 - `tiny_model`: the tiny model's HF folder, built once.
 - `prefect_harness`: Prefect's test harness (a temporary server and database), started once.
 - `postgres_uri`: a fresh database on the local PostgreSQL server, dropped at the end (`fresh_postgres_uri`:
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import socket
 import uuid
 from contextlib import contextmanager
@@ -38,10 +44,69 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 POSTGRES_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
+# Session fixtures that start servers (30-60 s each here): under pytest-xdist, the modules that use one
+# share a worker, so it starts once (a module that uses two goes with the first).
+SHARED_SERVERS = ("vllm_server", "ui_stack")
+TIER_ORDER = ("stack", "services", "flows", "model", "fast")
+TESTS = Path(__file__).resolve().parent
+
+
+def module_groups() -> dict[str, str]:
+    """Each test module (its path as in node ids, `tests/...`) -> the group of modules that run on one worker.
+
+    A module is a group of its own unless a function in it (a test or a fixture) takes one of
+    SHARED_SERVERS as an argument. Read from the source, because the controller, which hands groups
+    out, does not collect; the workers order their items by the same table."""
+    groups = {}
+    for path in sorted(TESTS.rglob("test_*.py")):
+        module = str(path.relative_to(TESTS.parent))
+        arguments = " ".join(re.findall(r"\bdef \w+\(([^)]*)\)", path.read_text()))
+        groups[module] = next((name for name in SHARED_SERVERS if re.search(rf"\b{name}\b", arguments)), module)
+    return groups
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`make test`'s scheduling: each group runs whole, in order, on one worker; groups in collection order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    groups = module_groups()
+
+    class ModuleGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return groups.get(module, module)
+
+    return ModuleGroupScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist: the slowest tier's groups first, so no long group starts last while the other
+    worker idles (the controller hands groups out in this order: `--no-loadscope-reorder`)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    groups = module_groups()
+    group_of = {item: groups.get(item.nodeid.split("::", 1)[0], item.nodeid.split("::", 1)[0]) for item in items}
+    rank: dict[str, tuple[int, int]] = {}
+    for index, item in enumerate(items):
+        tier = item.nodeid.split("/")[1] if item.nodeid.count("/") >= 2 else ""
+        here = (TIER_ORDER.index(tier) if tier in TIER_ORDER else len(TIER_ORDER), index)
+        rank[group_of[item]] = min(rank.get(group_of[item], here), here)
+    position = {item: i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (rank[group_of[item]], position[item]))
+
 
 @pytest.fixture(scope="session", autouse=True)
 def ada_home(tmp_path_factory):
     home = tmp_path_factory.mktemp("ada_home")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # `make test`'s workers share the costly builds (named models, SFT warm starts: the tiny profile's
+        # 600-step start is a minute here), each made once by whichever worker needs it first while the
+        # other waits (ada_core.models.build.built_once); everything else in ADA_HOME stays the worker's.
+        shared = tmp_path_factory.getbasetemp().parent / "shared-builds"  # the session's, above the workers'
+        for part in ("models", "cache/sft"):
+            (shared / part).mkdir(parents=True, exist_ok=True)
+            (home / part).parent.mkdir(parents=True, exist_ok=True)
+            (home / part).symlink_to(shared / part, target_is_directory=True)
     patch = pytest.MonkeyPatch()
     patch.setenv("ADA_HOME", str(home))
     # A developer's shell may point MLflow elsewhere; tests resolve to the session's own store.
@@ -138,3 +203,4 @@ def vllm_server(tiny_model, tmp_path_factory):
             yield server
         finally:
             patch.undo()
+

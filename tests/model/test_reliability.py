@@ -117,7 +117,9 @@ def _snapshot(root: Path) -> dict[str, float]:
 
 
 @pytest.mark.slow
-def test_cli_input_errors_share_one_exit_code_and_write_nothing(tmp_path, ada_home, tiny_model):
+def test_cli_input_errors_share_one_exit_code_and_write_nothing(tmp_path, monkeypatch, tiny_model):
+    ada_home = tmp_path / "home"  # an ADA_HOME of its own: the session's shares its builds with the other test worker
+    monkeypatch.setenv("ADA_HOME", str(ada_home))
     bad_bytes = tmp_path / "bytes.jsonl"
     bad_bytes.write_bytes(b'{"problem": "\xff", "answer": "1"}\n')
     empty = tmp_path / "empty.jsonl"
