@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import shutil
 import sys
@@ -40,7 +39,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from streaming import build_long_model
+from streaming import build_long_model, json_to_stdout
 
 from ada_core import metrics as K
 from ada_core.protocols import Verdict
@@ -148,14 +147,7 @@ def learning(args) -> dict:
 
 
 def main() -> None:
-    stdout = os.dup(1)  # libraries log to stdout; keep it for the JSON alone
-    os.dup2(2, 1)
-    try:
-        result = run()
-    finally:
-        sys.stdout.flush()
-        os.dup2(stdout, 1)
-    print(json.dumps(result, indent=1))
+    json_to_stdout(run)
 
 
 def run() -> dict:

@@ -24,6 +24,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -93,8 +94,10 @@ def measure_iterations(base_url: str, sizes=(1, 16, 64, 128), tokens: int = 64,
     return points
 
 
-def main() -> None:
-    # Libraries log to stdout (DeepSpeed's accelerator notice); keep stdout for the JSON alone.
+def json_to_stdout(run: Callable[[], dict]) -> None:
+    """`run()` with stdout sent to stderr, then its result as JSON alone on stdout.
+
+    Libraries log to stdout (DeepSpeed's accelerator notice), which would break the JSON."""
     stdout = os.dup(1)
     os.dup2(2, 1)
     try:
@@ -103,6 +106,10 @@ def main() -> None:
         sys.stdout.flush()
         os.dup2(stdout, 1)
     print(json.dumps(result, indent=1))
+
+
+def main() -> None:
+    json_to_stdout(run)
 
 
 def run() -> dict:

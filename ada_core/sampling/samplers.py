@@ -65,6 +65,18 @@ class _NoState:
         pass
 
 
+class _KeepsHistory:
+    """Samplers that remember every prompt across steps in `self.history`: their checkpoint entry is it."""
+
+    history: PromptHistory | EstHistory
+
+    def state_dict(self) -> dict:
+        return self.history.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history.load_state_dict(state)
+
+
 # ---------------------------------------------------------------------------------------------------
 # The samplers. Each returns a RolloutBatch of kept groups plus the step's metrics.
 # ---------------------------------------------------------------------------------------------------
@@ -210,7 +222,7 @@ class AdaSampler(_NoState):
 
 
 @dataclass
-class BudgetedSampler:
+class BudgetedSampler(_KeepsHistory):
     """A fixed budget of samples per step (`sampler.budget`, default B x n), spent by an allocation
     policy that remembers every prompt across steps (ada_core/sampling/allocation.py explains both).
 
@@ -230,12 +242,6 @@ class BudgetedSampler:
 
     def __post_init__(self) -> None:
         self.history = PromptHistory(self.cfg.prior_strength, self.cfg.prior_weight, self.cfg.forget)
-
-    def state_dict(self) -> dict:
-        return self.history.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.history.load_state_dict(state)
 
     def sample(
         self,
@@ -309,7 +315,7 @@ class BudgetedSampler:
 
 
 @dataclass
-class EstSampler:
+class EstSampler(_KeepsHistory):
     """Reinforce-Ada-Est (arXiv 2510.04996v3) for the objective f(p) = log p; docs/ALGORITHM.md says how
     we read the paper where it leaves a choice.
 
@@ -331,12 +337,6 @@ class EstSampler:
 
     def __post_init__(self) -> None:
         self.history = EstHistory(self.cfg.prior_strength, self.cfg.prior_weight, self.cfg.est_discount)
-
-    def state_dict(self) -> dict:
-        return self.history.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.history.load_state_dict(state)
 
     def sample(
         self,
