@@ -57,9 +57,11 @@ test-fast: $(STAMP)
 # use one session server (tests/conftest.py's scheduler), so its fixtures start once and its tests
 # follow one another as written; groups are handed out slowest tier first (hence --no-loadscope-reorder).
 # Exit code 5 (nothing collected) is not a failure.
+# PYTEST_FLAGS: CI's .ci/run asks for -v, so its log names the test each worker is on.
 TEST_WORKERS ?= 2
+PYTEST_FLAGS ?= -q
 test: $(STAMP) $(VLLM_STAMP) browser
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+	$(PY) -m pytest $(PYTEST_FLAGS) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 sim: $(STAMP)
 	$(VENV)/bin/ada simulate --json docs/sim.json --png docs/sim.png
