@@ -113,3 +113,23 @@ def write_run_folder(run_dir, label: str, seed: int, accuracy: list[float], samp
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (run_dir / "run_info.json").write_text(json.dumps({"label": label, "seed": seed, "num_params": num_params}))
     return run_dir
+
+
+def kill_vllm_server(launcher) -> None:
+    """SIGKILL a launched vLLM server (the launcher's children: the API server and its engine core), as an
+    out-of-memory kill would, and wait for its launcher (`VLLMServer.process`) to end.
+
+    The launcher is left alone, as it would be: it unlinks what the server had in /dev/shm and exits
+    with the server's -9. (Killing the whole process group would take the launcher too, leaving the
+    segments behind: a way the platform never stops a server.)"""
+    import os
+    import signal
+
+    import psutil
+
+    for child in psutil.Process(launcher.pid).children(recursive=True):
+        try:
+            os.kill(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    launcher.wait(timeout=30)

@@ -12,6 +12,7 @@ import signal
 
 import httpx
 import numpy as np
+import psutil
 import pytest
 import support
 import torch
@@ -20,6 +21,7 @@ from ada_core import metrics as K
 from ada_core.config import AdvantageConfig, SamplerConfig, build_config
 from ada_core.engines.vllm_engine import VLLMRolloutEngine, WeightSyncError
 from ada_core.engines.vllm_server import VLLMServerError
+from ada_core.engines.vllm_side.ada_vllm_launch import shm_in_use
 from ada_core.models import load_policy
 from ada_core.protocols import SamplingParams
 from ada_core.records import Prompt
@@ -185,9 +187,12 @@ def test_a_launched_server_that_dies_is_a_clear_error(tmp_path):
         assert batch.groups
         # The server dies mid-stream (sampler.schedule=streaming): killed as the first sample comes back.
         streaming = make_sampler(SamplerConfig(name="ada", n=4, M=4, N=4, schedule="streaming"), AdvantageConfig())
+        killer = _KillOnFirstSample(state.rollout, server)
         with pytest.raises(VLLMServerError, match=r"(?s)died with exit code -9.*last \d+ lines of .*vllm-server\.log"):
-            streaming.sample(state.source.take(8), _KillOnFirstSample(state.rollout, server), state.verifier,
+            streaming.sample(state.source.take(8), killer, state.verifier,
                              SamplingParams(max_tokens=40), np.random.default_rng(0))
+        # Its launcher outlived it and unlinked what the killed server had in /dev/shm.
+        assert killer.shared and not [p for p in killer.shared if os.path.exists(p)]
         assert state.rollout.meter.level == 0  # every request it started has ended and been counted out
         with pytest.raises(VLLMServerError, match=r"(?s)died with exit code -9.*last \d+ lines of .*vllm-server\.log"):
             rollout_step(state)
@@ -203,6 +208,7 @@ class _KillOnFirstSample:
 
     def __init__(self, engine, server):
         self.engine, self.server = engine, server
+        self.shared: list[str] = []  # the server's /dev/shm segments when it was killed
         self.concurrency, self.meter = engine.concurrency, engine.meter
 
     def submit(self, prompt, seed, count, sampling):
@@ -214,8 +220,8 @@ class _KillOnFirstSample:
     def _kill(self):
         process = self.server.process
         if process is not None and process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
+            self.shared = shm_in_use([c.pid for c in psutil.Process(process.pid).children(recursive=True)])
+            support.kill_vllm_server(process)
 
 
 def test_a_server_that_cannot_start_is_reported_with_its_log(tiny_model, tmp_path):
@@ -276,7 +282,8 @@ time.sleep(3600)
 
 def test_a_launched_server_dies_with_its_driver_however_it_dies(tiny_model, tmp_path):
     """A driver (its own process) launches a server from a thread; the port it chose was taken meanwhile,
-    so the server retries on another. Then the driver is SIGKILLed, and the server is gone in seconds."""
+    so the server retries on another. Then the driver is SIGKILLed, and the server is gone in seconds,
+    its shared-memory segments too."""
     import json
     import subprocess
     import sys
@@ -291,17 +298,20 @@ def test_a_launched_server_dies_with_its_driver_however_it_dies(tiny_model, tmp_
         assert line, f"the driver ended: {driver.wait(timeout=30)}\n{driver.stderr.read()[-3000:]}"
         pgid = json.loads(line)["pgid"]
         assert "Address already in use" in (tmp_path / "server.log").read_text()  # the first try's end
-        deadline = time.monotonic() + 120
-        while len(server := _group(pgid)) < 2 and time.monotonic() < deadline:  # the launcher and vLLM
-            time.sleep(0.1)
-        assert len(server) >= 2, server
+        # Until the launcher, vLLM and its engine core run, and vLLM maps its own /dev/shm segments (psm_*:
+        # only a clean shutdown unlinks them).
+        deadline = time.monotonic() + 600
+        while not (shared := shm_in_use(server := _group(pgid))) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(server) >= 2 and shared, (server, shared, (tmp_path / "server.log").read_text()[-3000:])
 
         driver.kill()  # SIGKILL: no handler, no finally, no __del__ runs in the driver
         driver.wait(timeout=30)
         deadline = time.monotonic() + 30
-        while _group(pgid) and time.monotonic() < deadline:
+        while (_group(pgid) or any(map(os.path.exists, shared))) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not _group(pgid), f"server processes {_group(pgid)} outlived their driver"
+        assert not [p for p in shared if os.path.exists(p)], "the killed server's /dev/shm segments were left"
     finally:
         driver.kill()
         if pgid is not None:

@@ -10,13 +10,13 @@ tests run in file order, and the last two kill the servers one after the other.
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 from collections import Counter
 
 import numpy as np
 import pytest
+import support
 import torch
 
 from ada_core import metrics as K
@@ -139,8 +139,7 @@ def test_an_async_streaming_run_goes_on_when_a_server_dies_mid_stream(pool, tmp_
         while time.monotonic() < deadline and state.rollout.members[0].meter.level == 0:
             time.sleep(0.001)
         held.append(state.rollout.members[0].meter.level)
-        os.killpg(victim.process.pid, signal.SIGKILL)
-        victim.process.wait(timeout=30)
+        support.kill_vllm_server(victim.process)
 
     killer = threading.Thread(target=kill_when_busy, daemon=True)
     try:
@@ -181,8 +180,7 @@ def test_no_server_left_is_the_clear_error_and_close_leaves_no_process(pool, pol
     _, tokenizer = policy
     survivor = pool.members[1].server
     groups = [m.server.process.pid for m in pool.members]  # each server leads its own process group
-    os.killpg(survivor.process.pid, signal.SIGKILL)
-    survivor.process.wait(timeout=30)
+    support.kill_vllm_server(survivor.process)
     with pytest.raises(VLLMServerError, match=r"(?s)no vLLM server left.*died with exit code -9.*last \d+ lines of"):
         pool.generate([(p, 2) for p in _prompts(tokenizer, 3)], SamplingParams(max_tokens=4, seed=0))
     pool.close()
