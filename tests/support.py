@@ -113,3 +113,13 @@ def write_run_folder(run_dir, label: str, seed: int, accuracy: list[float], samp
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (run_dir / "run_info.json").write_text(json.dumps({"label": label, "seed": seed, "num_params": num_params}))
     return run_dir
+
+
+def locals_of(failure, function: str) -> dict:
+    """The locals of `function`'s frame in the traceback of `failure` (a pytest.ExceptionInfo): what a
+    constructor or factory that raised had made, to check it was released."""
+    tb = failure.tb
+    while tb is not None and tb.tb_frame.f_code.co_name != function:
+        tb = tb.tb_next
+    assert tb is not None, f"{function} is not in the traceback"
+    return tb.tb_frame.f_locals
