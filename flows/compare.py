@@ -27,11 +27,10 @@ from ada_core.sampling.budget import matched_grpo_prompts
 from ada_core.run.files import read_metrics
 from flows import fanout, tracking
 from flows.group import child_params, finish_group, group_folder, group_tags, log_group_params, run_children
-from flows.params import CompareParams, TrainParams
+from flows.params import MATCHED_LABEL, CompareParams, TrainParams
 from flows.runtime import flow, set_torch_threads
 from flows.train import prepare_data
 
-MATCHED_LABEL = "grpo-matched"
 REFERENCE = "ada-balance"
 
 

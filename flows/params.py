@@ -28,6 +28,7 @@ Profile = Literal["tiny", "smollm2-135m", "paper"]
 Engine = Literal["transformers", "vllm"]
 # Prefect refuses these characters in a concurrency limit's name.
 LimitName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[^/%&><]+$")]
+MATCHED_LABEL = "grpo-matched"  # compare's matched-budget GRPO control
 
 def nest_dotted(flat: dict[str, Any]) -> dict[str, Any]:
     """`{"sampler.M": 8, "optim": {"lr": 1e-4}}` -> `{"sampler": {"M": 8}, "optim": {"lr": 1e-4}}`."""
@@ -286,7 +287,11 @@ class CompareParams(GroupSettings):
         "regime as a prefix (`pool-grpo`) unless it is `default`.",
     )
     pool_prompts: int = Field(256, ge=1, description="pool regime: training prompts reused over epochs (data.train_pool).")
-    reference: str = Field("grpo", min_length=1, description="The variant every other is paired against in the report.")
+    reference: str = Field(
+        "grpo", min_length=1,
+        description=f"The variant every other is paired against in the report (Table C): one of `variants`, or "
+        f"`{MATCHED_LABEL}` with matched_grpo.",
+    )
     register_as: str = Field("ada-policy", min_length=1, description="Registered model name for the best policy.")
     alias: str = Field("champion", min_length=1, description="Alias pointed at the best policy's version.")
     resume: str | None = Field(
@@ -302,6 +307,11 @@ class CompareParams(GroupSettings):
             raise ValueError(f"variants: each preset once, got {self.variants}")
         if len(set(self.regimes)) != len(self.regimes):
             raise ValueError(f"regimes: each regime once, got {self.regimes}")
+        # The report pairs by label; a reference no child carries leaves Table C empty without a word.
+        labels = [*self.variants, MATCHED_LABEL] if self.matched_grpo else self.variants
+        if self.reference not in labels:
+            raise ValueError(f"reference: {self.reference!r} is not one of the runs {labels}; add it to variants or "
+                             "pair against one of them")
         return self
 
 

@@ -133,3 +133,13 @@ def kill_vllm_server(launcher) -> None:
         except ProcessLookupError:
             pass
     launcher.wait(timeout=30)
+
+
+def locals_of(failure, function: str) -> dict:
+    """The locals of `function`'s frame in the traceback of `failure` (a pytest.ExceptionInfo): what a
+    constructor or factory that raised had made, to check it was released."""
+    tb = failure.tb
+    while tb is not None and tb.tb_frame.f_code.co_name != function:
+        tb = tb.tb_next
+    assert tb is not None, f"{function} is not in the traceback"
+    return tb.tb_frame.f_locals

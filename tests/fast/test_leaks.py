@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import socket
+import threading
 
 import pytest
+import support
 
 from ada_core.engines.vllm_engine import VLLMRolloutEngine
 from ada_core.engines.vllm_server import VLLMServerError
@@ -18,10 +20,14 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-def test_an_engine_whose_server_does_not_answer_leaves_no_sync_folder(tmp_path):
-    with pytest.raises(VLLMServerError, match="cannot list models"):
+def test_an_engine_whose_server_does_not_answer_leaves_no_sync_folder_thread_or_client(tmp_path):
+    before = set(threading.enumerate())
+    with pytest.raises(VLLMServerError, match="cannot list models") as failure:
         VLLMRolloutEngine(f"http://127.0.0.1:{_closed_port()}", sync_root=tmp_path, request_timeout_s=5)
     assert list(tmp_path.iterdir()) == []  # its ada-weight-sync-* folder went with it
+    engine = support.locals_of(failure, "__init__")["self"]
+    assert engine._client.is_closed and engine._pool._shutdown  # its HTTP client and request threads
+    assert set(threading.enumerate()) <= before
 
 
 def test_a_closed_streamer_closes_its_event_loop_and_thread():

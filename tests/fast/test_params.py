@@ -28,6 +28,18 @@ def test_parameter_models_validate_fields():
     assert TrainParams(overrides={"sampler": {"M": 2}, "sampler.N": 3}).config().sampler.model_dump()["M"] == 2
 
 
+def test_a_compare_reference_must_be_one_of_its_runs():
+    """The report pairs every run against `reference` by label (Table C); one no child carries left it empty."""
+    with pytest.raises(ValidationError, match=r"reference: 'grpo' is not one of the runs \['ada-pos', 'ada-balance', "
+                                              r"'grpo-matched'\]"):
+        CompareParams(variants=["ada-pos", "ada-balance"])
+    with pytest.raises(ValidationError, match="reference: 'grpo-matched'"):
+        CompareParams(variants=["grpo", "ada-balance"], matched_grpo=False, reference="grpo-matched")
+    assert CompareParams(variants=["ada-pos", "ada-balance"], reference="ada-balance").reference == "ada-balance"
+    assert CompareParams(variants=["ada-pos", "ada-balance"], reference="grpo-matched").reference == "grpo-matched"
+    assert CompareParams().reference == "grpo"
+
+
 def test_nest_dotted_merges_dotted_and_nested_keys():
     assert nest_dotted({"sampler.M": 8, "sampler": {"N": 2}, "steps": 3}) == {"sampler": {"M": 8, "N": 2}, "steps": 3}
     with pytest.raises(ConfigError, match="steps"):

@@ -295,6 +295,34 @@ def test_evaluate_defaults_to_the_training_runs_own_held_out_split(flows_env, tm
         evaluate(EvaluateParams(model="models:/held-out-policy/1", eval_size=9, experiment="flows-held-out"))
 
 
+def test_evaluate_defaults_to_a_curated_runs_own_held_out_split(compared):
+    """A run trained on a curated set is scored on that set's held-out prompts: none of them trained on (the
+    raw profile dataset's split would hold curated training prompts)."""
+    import yaml
+
+    from ada_core.config import validate_config
+    from ada_core.data import run_split
+    from ada_core.run.files import CONFIG, read_generations
+    from ada_core.run.ledger import read_rows
+    from flows.evaluate import evaluate
+
+    summary, client = compared
+    run = _children(client, summary["parent_run_id"])["ada-balance-s0"]
+    run_dir = Path(run.data.params["run_dir"])
+    config = validate_config(yaml.safe_load((run_dir / CONFIG).read_text()))
+    assert config.data.dataset == run.data.params["curated_dataset"]  # the config names the curated set
+    training, held_out = run_split(config.data, config.seed)
+    trained_ids = {r["prompt_id"] for r in read_rows(run_dir)}  # every prompt its steps drew, from the ledger
+    assert trained_ids and trained_ids <= {p.id for p in training}
+    result = evaluate(EvaluateParams(model=str(run_dir / "checkpoints" / "step_000002"), k=1,
+                                     experiment="flows-held-out"))
+    assert result["eval_prompt_ids"] == [p.id for p in held_out] and result["trained_by_run"] == run.info.run_id
+    scored = read_generations(result["run_dir"])  # the table it logged: some of the prompts it scored
+    assert scored and {r["prompt_id"] for r in scored} <= set(result["eval_prompt_ids"])
+    assert not set(result["eval_prompt_ids"]) & ({p.id for p in training} | trained_ids)
+    assert not {r["prompt"] for r in scored} & {p.text for p in training}
+
+
 def test_sweep_runs_the_grid_under_one_parent(flows_env):
     from flows.sweep import sweep
 

@@ -27,7 +27,8 @@ def _config(preset, url, steps, **extra):
         "engine": "vllm", "async_steps": 1, "vllm": {"base_url": url}}})
 
 
-@pytest.mark.parametrize("preset,sampler", [("grpo", {}), ("dapo", {}), ("ada-balance", {"schedule": "rounds"})])
+@pytest.mark.parametrize("preset,sampler", [("grpo", {}), ("dapo", {}), ("ada-balance", {"schedule": "rounds"}),
+                                            ("ada-posterior", {})])  # est: the kill-and-resume test below
 def test_async_steps_1_trains_with_each_sampler(preset, sampler, vllm_server, tmp_path):
     evals = {"eval_every": 2, "eval_k": 2} if preset == "grpo" else {}  # evaluation on the rollout thread, once
     state = setup(_config(preset, vllm_server.base_url, 2, sampler=sampler, **evals), tmp_path / "run")
@@ -52,7 +53,7 @@ class Killed(RuntimeError):
 
 
 def test_a_killed_and_resumed_async_run_loses_and_repeats_no_sample(vllm_server, tmp_path):
-    """Budgeted (per-prompt history across steps) with async_steps=1: when the step-2 checkpoint is
+    """Est (per-prompt pass-rate estimates kept across steps) with async_steps=1: when the step-2 checkpoint is
     written, batch 3 is already being drawn; the checkpoint keeps the state from before it, so the
     resumed run draws batch 3 again and the ledger has each (step, prompt) once."""
     config = _config("ada-est", vllm_server.base_url, 4, checkpoint_every=2,

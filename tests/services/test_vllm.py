@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import threading
 
 import httpx
 import numpy as np
@@ -351,6 +352,13 @@ def test_a_pool_whose_second_server_does_not_answer_releases_the_first_member(vl
     sync.mkdir()
     config = build_config("grpo", "tiny", overrides={"rollout": {"engine": "vllm", "vllm": {
         "base_urls": [vllm_server.base_url, "http://127.0.0.1:9"], "sync_dir": str(sync), "request_timeout_s": 10}}})
-    with pytest.raises(VLLMServerError, match="127.0.0.1:9"):
+    before = set(threading.enumerate())
+    with pytest.raises(VLLMServerError, match="127.0.0.1:9") as failure:
         vllm_rollout_engine(config, tiny_model, None, tmp_path)
-    assert list(sync.iterdir()) == []  # the first member's sync folder (and client) went with the failure
+    assert list(sync.iterdir()) == []  # both members' sync folders went with the failure ...
+    first, = support.locals_of(failure, "_vllm_pool")["attached"]
+    second = support.locals_of(failure, "__init__")["self"]
+    assert first.base_url == vllm_server.base_url and second.base_url == "http://127.0.0.1:9"
+    for member in (first, second):  # ... and their HTTP clients and request threads
+        assert member._client.is_closed and member._pool._shutdown, member.base_url
+    assert set(threading.enumerate()) <= before
