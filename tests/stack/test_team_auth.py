@@ -106,3 +106,43 @@ def test_both_servers_refuse_requests_without_credentials_and_serve_them_with(te
         if path.is_file() and path.suffix in (".log", ".ini", ".json"):
             assert PASSWORD not in path.read_text(errors="replace"), path
     assert json.dumps(state).count(PASSWORD) == 0
+
+
+def test_a_worker_gets_in_with_the_credentials_make_ui_gives_it_and_not_without(team_servers, infra_ui, prefect_api):
+    """What `make ui` does for a team setup: the work pool is created, and a worker started with the
+    credentials (infra/ui.py start_worker) polls it, ONLINE on the server; one started without them
+    is refused (401) and never shows up. The password is in neither worker's log nor command line."""
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_AUTH_STRING, temporary_settings
+
+    home, creds, prefect_url, _ = team_servers
+    logs = home / "workers"
+    logs.mkdir()
+    infra_ui.prefect_cli(["work-pool", "create", infra_ui.WORK_POOL, "--type", "process", "--overwrite"],
+                         infra_ui.api_env(home, prefect_url, creds))
+    with_creds = infra_ui.start_worker(home, prefect_url, logs, name="team-worker", creds=creds)
+    without = infra_ui.start_worker(home, prefect_url, logs, name="no-credentials-worker")
+    try:
+        online: list[str] = []
+        with prefect_api(f"{prefect_url}/api"), temporary_settings({PREFECT_API_AUTH_STRING: creds.client_env()[
+                "PREFECT_API_AUTH_STRING"]}):
+            with get_client(sync_client=True) as client:
+                deadline = time.monotonic() + 180
+                while "team-worker" not in online and time.monotonic() < deadline:
+                    online = [w.name for w in client.read_workers_for_work_pool(infra_ui.WORK_POOL)
+                              if w.status.value == "ONLINE"]
+                    time.sleep(1)
+        assert "team-worker" in online, (logs / "team-worker.log").read_text()[-3000:]
+        assert "no-credentials-worker" not in online
+        assert without.wait(timeout=120) != 0  # it gave up, refused
+        refused = (logs / "no-credentials-worker.log").read_text()
+        assert "401" in refused, refused[-3000:]
+        assert with_creds.poll() is None
+    finally:
+        for worker in (with_creds, without):
+            infra_ui.stop_pid(worker.pid)
+    for log in logs.glob("*.log"):
+        assert PASSWORD not in log.read_text(errors="replace"), log
+    assert PASSWORD not in " ".join(with_creds.args)
