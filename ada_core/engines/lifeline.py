@@ -138,7 +138,10 @@ def sweep(tag: str, watched: dict[int, int], paths: Sequence[str]) -> tuple[int,
     removed = []
     for path in paths:
         if os.path.lexists(path):
-            shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.unlink(path)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
             removed.append(path)
     return len(killed), removed
 
