@@ -6,7 +6,9 @@ ranks. Built in one place (`RankGroup.__init__`), torn down in one place (`close
 1. Ray: with `distributed.ray_address` None a local Ray is started on this machine with no dashboard,
    usage stats off, token authentication on (Ray's default) and a 1 GiB object store (weights never go through it: ranks load the model
    folder from disk, and the driver pulls new weights through a file); otherwise the group joins
-   the cluster at that address. A Ray this group started is stopped by `close`.
+   the cluster at that address. A Ray this group started is stopped by `close`, or, if the driver
+   dies first (SIGKILL included), within a second by a lifeline watcher (lifeline.py) that kills
+   every process of that Ray and removes the group's /dev/shm folder.
 2. One placement group of `num_ranks` bundles (`cpus_per_rank`, `gpus_per_rank`), placed with
    `placement_strategy`; a group that cannot be placed within `startup_timeout_s` is an error that
    shows the cluster's resources.
@@ -55,6 +57,7 @@ from ada_core.engines.deepspeed_engine import (RENDEZVOUS_ENV, _STATE_FILE, Deep
                                               load_reference, load_state, save_state)
 from ada_core.engines.update_plan import (balance_by_tokens, flatten, local_steps, plan_update, update_metrics,
                                           zero_metrics)
+from ada_core.engines.lifeline import Lifeline, descendants
 from ada_core.errors import RunFailure
 from ada_core.protocols import SamplingParams, UpdateEngine
 from ada_core.records import Group, Prompt, Sample
@@ -77,8 +80,10 @@ def placement(distributed) -> tuple[list[dict[str, float]], str]:
     return [dict(bundle) for _ in range(distributed.num_ranks)], distributed.placement_strategy
 
 
-def start_ray(distributed) -> bool:
-    """Connect to the configured Ray, or start a local one; False when this process already had Ray."""
+def start_ray(distributed, env: dict[str, str] | None = None) -> bool:
+    """Connect to the configured Ray, or start a local one; False when this process already had Ray.
+    A local Ray's processes (its servers, and every worker started later) inherit `env` (a
+    `Lifeline`'s tag), which this process itself keeps only while `ray.init` runs."""
     import ray
 
     if ray.is_initialized():
@@ -90,9 +95,18 @@ def start_ray(distributed) -> bool:
         # Ray 2.60 turns a 127.0.0.1 node address into the machine's own IP (services.resolve_ip_for_localhost),
         # so its servers cannot be held to loopback; its token authentication (on by default) guards them.
         _private_token()
-        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, need), include_dashboard=False,
-                 object_store_memory=OBJECT_STORE_BYTES, log_to_driver=False, configure_logging=False,
-                 namespace="ada")
+        previous = {key: os.environ.get(key) for key in env or {}}
+        os.environ.update(env or {})
+        try:
+            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, need), include_dashboard=False,
+                     object_store_memory=OBJECT_STORE_BYTES, log_to_driver=False, configure_logging=False,
+                     namespace="ada")
+        finally:
+            for key, value in previous.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
         _private_token()
     else:
         ray.init(address=distributed.ray_address, log_to_driver=False, configure_logging=False, namespace="ada")
@@ -207,6 +221,8 @@ class RankGroup(UpdateEngine):
         self.rank_pids: list[int] = []
         self._reference_dir = str(reference_dir) if reference_dir is not None else None
         self._weights_dir = Path(tempfile.mkdtemp(prefix="ada-rank-weights-", dir=_shm_root()))
+        # Ends the local Ray this group starts, and removes the weights folder, if the driver dies.
+        self._lifeline = Lifeline([self._weights_dir], self.log_dir / "lifeline.log")
         engine_kwargs = dict(total_steps=total_steps, pad_token_id=pad_token_id, seed=seed, temperature=temperature,
                              max_response_len=max_response_len)
         try:
@@ -228,10 +244,11 @@ class RankGroup(UpdateEngine):
             if need > have:  # a local Ray only has this machine's GPUs: fail now, not after the placement timeout
                 raise RankError(f"distributed: {self.num_ranks} ranks x gpus_per_rank={cfg.gpus_per_rank:g} need "
                                 f"{need:g} GPUs, this machine has {have}; lower distributed.num_ranks or gpus_per_rank")
-        self._started_ray = start_ray(cfg)
+        self._started_ray = start_ray(cfg, env=self._lifeline.env())
         if self._started_ray:
             node = ray._private.worker._global_node
             self._ray_pids = [p.process.pid for infos in (node.all_processes if node else {}).values() for p in infos]
+            self._lifeline.watch(descendants(self._ray_pids))
         bundles, strategy = placement(cfg)
         bundle = bundles[0]
         self._pg = placement_group(bundles, strategy=strategy)
@@ -271,6 +288,8 @@ class RankGroup(UpdateEngine):
             [a.setup.remote(envs[r], model_dir, self.loss_cfg, self.optim_cfg, engine_kwargs, rollout_micro_batch_size,
                             self._reference_dir)
              for r, a in enumerate(self._actors)], "setup", timeout=cfg.startup_timeout_s)
+        if self._started_ray:  # the agents and workers started since
+            self._lifeline.watch(descendants(self._ray_pids))
         log.info("%d training ranks up in %.1fs (rendezvous %s:%d, logs in %s)", self.num_ranks,
                  time.perf_counter() - started, master_addr, master_port, self.log_dir)
 
@@ -295,6 +314,7 @@ class RankGroup(UpdateEngine):
                 ray.shutdown()
                 self._started_ray = False
         shutil.rmtree(self._weights_dir, ignore_errors=True)
+        self._lifeline.close()  # sweeps whatever of the local Ray outlived ray.shutdown
 
     def process_ids(self) -> dict[str, list[int]]:
         """The rank actors' pids, and the pids of the Ray processes this group started (empty when it joined)."""
