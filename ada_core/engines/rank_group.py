@@ -437,17 +437,38 @@ class RankGroup(UpdateEngine):
                 raise RankError(f"{what}: rank(s) {late} did not answer within {timeout:.0f}s; log: {logs}\n"
                                 + "\n".join(self._tail(r) for r in late))
             for ref in ready:
-                rank = ranks[index[ref]]
                 try:
                     results[index[ref]] = ray.get(ref)
-                except ray.exceptions.RayActorError as err:
-                    raise RankError(f"{what}: training rank {rank} died ({type(err).__name__}: "
-                                    f"{_first_line(err)}); log: {self._log(rank)}\n{self._tail(rank)}") from None
-                except ray.exceptions.RayTaskError as err:
-                    cause = err.cause if getattr(err, "cause", None) is not None else err
-                    raise RankError(f"{what}: training rank {rank} raised {type(cause).__name__}: "
-                                    f"{_first_line(cause)}; log: {self._log(rank)}\n{cause}\n{self._tail(rank)}") from None
+                except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as err:
+                    # A rank whose peer died in a collective raises too, sometimes before the death is
+                    # seen: a rank that died among the others is the cause, and is the one named.
+                    failed = [(ranks[index[ref]], err)] + self._failures(pending, index, ranks)
+                    died = [(rank, e) for rank, e in failed if isinstance(e, ray.exceptions.RayActorError)]
+                    raise self._rank_error(what, *(died or failed)[0]) from None
         return results
+
+    def _failures(self, refs: list, index: dict, ranks: list[int], wait_s: float = 10.0) -> list[tuple[int, Exception]]:
+        """(rank, error) of the calls among `refs` that fail within `wait_s`."""
+        import ray
+
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=wait_s) if refs else ([], [])
+        failed = []
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as err:
+                failed.append((ranks[index[ref]], err))
+        return failed
+
+    def _rank_error(self, what: str, rank: int, err: Exception) -> RankError:
+        import ray
+
+        if isinstance(err, ray.exceptions.RayActorError):
+            return RankError(f"{what}: training rank {rank} died ({type(err).__name__}: {_first_line(err)}); "
+                             f"log: {self._log(rank)}\n{self._tail(rank)}")
+        cause = err.cause if getattr(err, "cause", None) is not None else err
+        return RankError(f"{what}: training rank {rank} raised {type(cause).__name__}: {_first_line(cause)}; "
+                         f"log: {self._log(rank)}\n{cause}\n{self._tail(rank)}")
 
 
 def _first_line(err: BaseException) -> str:
