@@ -58,7 +58,7 @@ from ada_core.engines.deepspeed_engine import (RENDEZVOUS_ENV, _STATE_FILE, Deep
 from ada_core.engines.update_plan import (balance_by_tokens, flatten, local_steps, plan_update, update_metrics,
                                           zero_metrics)
 from ada_core.engines.lifeline import Lifeline, descendants
-from ada_core.errors import RunFailure
+from ada_core.errors import InputError, RunFailure
 from ada_core.protocols import SamplingParams, UpdateEngine
 from ada_core.records import Group, Prompt, Sample
 
@@ -109,8 +109,28 @@ def start_ray(distributed, env: dict[str, str] | None = None) -> bool:
                     os.environ[key] = value
         _private_token()
     else:
-        ray.init(address=distributed.ray_address, log_to_driver=False, configure_logging=False, namespace="ada")
+        address = distributed.ray_address
+        check_ray_address(address, min(10.0, distributed.startup_timeout_s))
+        try:
+            ray.init(address=address, log_to_driver=False, configure_logging=False, namespace="ada")
+        except ConnectionError as err:
+            raise InputError(f"distributed.ray_address={address}: cannot join that Ray cluster ({_first_line(err)}); "
+                             "start it first (`ray start --head`, infra/GPU.md), or unset ray_address to start a "
+                             "local Ray") from None
     return True
+
+
+def check_ray_address(address: str, timeout_s: float) -> None:
+    """A `host:port` that no process listens on is refused at once: Ray's own client retries such an
+    address for many minutes (over 10 here) before it gives up."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return  # `auto`, or a `ray://` client address: Ray finds or checks it itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as err:
+        raise InputError(f"distributed.ray_address={address}: no Ray cluster answers there ({err}); start it first "
+                         "(`ray start --head`, infra/GPU.md), or unset ray_address to start a local Ray") from None
 
 
 def _private_token() -> None:

@@ -145,14 +145,14 @@ EFFECTS: dict[str, tuple[str, dict[str, Any], Any]] = {
 
 ELSEWHERE = {
     "eval_suite": "tests/flows/test_hub_flows.py::test_a_train_flow_named_by_hub_ids_trains_and_logs_their_commits",
-    "model": "tests/model/test_models.py::test_resolve_model_errors_name_the_path",
+    "model": "tests/flows/test_hub_flows.py::test_a_train_flow_named_by_hub_ids_trains_and_logs_their_commits",
     "sft_steps": "tests/model/test_models.py::test_sft_learns_and_is_cached",
     "rollout.engine": "tests/services/test_vllm.py::test_a_few_steps_train_with_the_vllm_engine",
     "rollout.vllm.base_url": "tests/services/test_vllm.py::test_a_few_steps_train_with_the_vllm_engine",
     "rollout.vllm.base_urls": "tests/services/test_vllm_pool.py::test_an_async_streaming_run_goes_on_when_a_server_dies_mid_stream",
     "rollout.async_steps": "tests/services/test_async_rollout.py::test_async_steps_1_trains_with_each_sampler",
     "rollout.vllm.num_servers": "tests/services/test_vllm_pool.py::test_two_servers_share_a_round_and_both_take_the_new_weights",
-    "distributed.ray_address": "tests/services/test_distributed.py::test_two_rank_training_resumes_identically_and_leaves_no_process",
+    "distributed.ray_address": "tests/services/test_driver_death.py::test_a_ray_address_where_no_cluster_answers_is_one_line_and_exit_2",
     "distributed.startup_timeout_s": "tests/services/test_distributed.py::test_ranks_that_cannot_be_placed_are_a_clear_error",
 }
 

@@ -142,3 +142,20 @@ def test_a_killed_driver_takes_its_ray_and_shm_with_it(tiny_model, tmp_path):
     assert left == [], f"{[(p.pid, p.name()) for p in left]} outlived their driver by 20 s"
     assert not [p for p in shm if p.exists()], "/dev/shm entries of the run outlived its driver"
     print(f"every process of the run gone {took:.1f}s after the driver's SIGKILL")
+
+
+
+def test_a_ray_address_where_no_cluster_answers_is_one_line_and_exit_2(tiny_model, tmp_path, free_port):
+    """`distributed.ray_address`: the run joins the cluster named there instead of starting a local Ray.
+    Where none answers it fails at once, naming the field, with no Ray of its own started (Ray's own
+    client retried such an address for over 10 minutes)."""
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, "-m", "ada_core.cli", *TRAIN, "--set", f"distributed.ray_address={address}",
+                             "--model", str(tiny_model), "--output-dir", str(tmp_path / "run")],
+                            env=env, capture_output=True, text=True, timeout=300)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert len(errors) == 1 and f"distributed.ray_address={address}: no Ray cluster answers there" in errors[0], errors
+    assert not list((tmp_path / "run").rglob("rank_*.log"))  # no rank was started
