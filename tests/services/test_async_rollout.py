@@ -22,9 +22,9 @@ RUN = {"prompts_per_step": 8, "eval_every": 0, "checkpoint_every": 0, "sft_steps
        "data": {"train_size": 24, "eval_size": 8}, "loss": {"tis_cap": 2.0}}
 
 
-def _config(preset, url, steps, **extra):
+def _config(preset, url, steps, async_steps=1, **extra):
     return build_config(preset, "tiny", overrides={**RUN, "steps": steps, **extra, "rollout": {
-        "engine": "vllm", "async_steps": 1, "vllm": {"base_url": url}}})
+        "engine": "vllm", "async_steps": async_steps, "vllm": {"base_url": url}}})
 
 
 @pytest.mark.parametrize("preset,sampler", [("grpo", {}), ("dapo", {}), ("ada-balance", {"schedule": "rounds"}),
@@ -46,6 +46,20 @@ def test_async_steps_1_trains_with_each_sampler(preset, sampler, vllm_server, tm
     assert all(0 <= r[K.server_idle_key(0)] <= 1 for r in rows)
     drawn = Counter(r["step"] for r in read_rows(tmp_path / "run"))  # dapo draws more batches per step
     assert [drawn[1], drawn[2]] == [r[K.SAMPLER_PROMPTS_DRAWN] for r in rows] and min(drawn.values()) >= 8
+
+
+def test_async_steps_2_draws_two_batches_ahead_and_never_older(vllm_server, tmp_path):
+    """k = 2: batch b is drawn on the weights of update max(0, b - 3), so from batch 3 on every batch is
+    two updates old, the bound, and never older."""
+    state = setup(_config("grpo", vllm_server.base_url, 4, async_steps=2), tmp_path / "run")
+    try:
+        run_steps(state)
+    finally:
+        state.close()
+    rows = [r for r in read_metrics(tmp_path / "run") if K.TRAIN_LOSS in r]
+    assert [r[K.ASYNC_POLICY_VERSION] for r in rows] == [0, 0, 0, 1]
+    assert [r[K.ASYNC_STALENESS_MAX] for r in rows] == [0, 1, 2, 2]
+    assert all(r[K.ASYNC_STEPS] == 2 for r in rows)
 
 
 class Killed(RuntimeError):
