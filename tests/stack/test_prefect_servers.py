@@ -140,7 +140,7 @@ def test_flows_start_on_ten_fresh_homes_in_a_row(tmp_path, tiny_model):
         started = time.perf_counter()
         _check_finished(home, [_flow_process(TRAIN_FLOW, home, tiny_model)], flows=1)
         seconds.append(round(time.perf_counter() - started, 1))
-    print("seconds per first start:", seconds, "median", statistics.median(seconds))
+    print("seconds per first start:", seconds, "median", round(statistics.median(seconds), 1))
 
 
 def test_importing_flows_sets_telemetry_defaults_but_keeps_the_users(tmp_path):
