@@ -11,6 +11,7 @@ file from several processes at once.
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import os
@@ -57,7 +58,29 @@ def resolve_tracking_uri(explicit: str | None = None) -> str:
         return with_postgres_driver(explicit)
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return with_postgres_driver(os.environ["MLFLOW_TRACKING_URI"])
-    return ui_server_uri() or default_tracking_uri()
+    return ui_server_uri() or created_store(default_tracking_uri())
+
+
+_CREATED: set[str] = set()  # the SQLite stores this process has made sure of
+
+
+def created_store(uri: str) -> str:
+    """`uri`, its SQLite database created (MLflow's tables and migrations) by one process at a time.
+
+    MLflow creates a store's tables the first time a process opens a database that lacks them. Four
+    `train` flows started together on a fresh ADA_HOME all found none and all migrated: one failed
+    with "duplicate column name: step" (tests/stack/test_prefect_servers.py). Under an exclusive
+    `flock` on `<database>.migrate.lock` the others wait, then find the tables there. Once per process.
+    """
+    if not uri.startswith("sqlite:///") or uri in _CREATED:
+        return uri
+    database = Path(uri.removeprefix("sqlite:///"))
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{database}.migrate.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        MlflowClient(uri).search_experiments(max_results=1)
+    _CREATED.add(uri)
+    return uri
 
 
 def with_postgres_driver(uri: str) -> str:
