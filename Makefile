@@ -14,7 +14,7 @@ export TOKENIZERS_PARALLELISM := false
 # threads measured 4-18x slower.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: venv vllm-env browser test test-fast sim clean-venv
+.PHONY: venv vllm-env browser test test-fast test-load sim clean-venv
 
 venv: $(STAMP)
 
@@ -62,6 +62,11 @@ TEST_WORKERS ?= 2
 PYTEST_FLAGS ?= -q
 test: $(STAMP) $(VLLM_STAMP) browser
 	$(PY) -m pytest $(PYTEST_FLAGS) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+# The load tier: first starts of the temporary Prefect server, 10 train flows in a row on 10 new homes
+# (tests/stack/test_prefect_servers.py; about 5 minutes on 2 cores, so not in `make test`).
+test-load: $(STAMP)
+	$(PY) -m pytest $(PYTEST_FLAGS) -m load tests
 
 sim: $(STAMP)
 	$(VENV)/bin/ada simulate --json docs/sim.json --png docs/sim.png

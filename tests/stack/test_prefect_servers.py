@@ -127,6 +127,7 @@ def test_flows_start_at_once_on_a_fresh_home_with_telemetry_off(tmp_path, tiny_m
     _check_finished(home, [_flow_process(TRAIN_FLOW, home, tiny_model) for _ in range(4)], flows=4)
 
 
+@pytest.mark.load  # about 5 minutes: `make test-load`, not `make test`
 def test_flows_start_on_ten_fresh_homes_in_a_row(tmp_path, tiny_model):
     """Ten `train` flows one after another, each a new process on a new ADA_HOME: each is the temporary
     server's very first start, on a database that did not exist. All ten finish.
