@@ -162,6 +162,10 @@ def test_a_killed_train_flow_resumes_into_the_same_mlflow_run(resume_env, tmp_pa
     rows = read_metrics(killed)
     assert without_timing(rows) == without_timing(read_metrics(reference["run_dir"]))
     assert_one_value_per_step(client, run_id, rows)
+    for axis in ("vs_samples", "vs_mflops"):  # the budget axes too: each step's point once, as uninterrupted
+        got, want = ([(m.step, m.value) for m in client.get_metric_history(run, f"{axis}/reward_mean")]
+                     for run in (run_id, reference["run_id"]))
+        assert len(want) == TRAIN["steps"] and sorted(got) == sorted(want), (axis, got, want)
 
 
 def test_a_resumed_compare_skips_the_finished_child_and_resumes_the_killed_one(resume_env, tmp_path, ada_home):
