@@ -63,5 +63,24 @@ def log_dataset_inputs(client: MlflowClient, run_id: str, source: str, splits: d
         ]))
         digests[context] = digest
     if inputs:
-        client.log_inputs(run_id, datasets=inputs)
+        log_inputs(client, run_id, inputs)
     return digests
+
+
+def log_inputs(client: MlflowClient, run_id: str, inputs: list, attempts: int = 3) -> None:
+    """`client.log_inputs`, again when another run created the same dataset row at the same moment.
+
+    MLflow's store looks a dataset up by (experiment, name, digest) and inserts it when missing, in
+    two statements: runs logging one set at once (a compare's children on two workers) can both
+    insert, and one fails on the unique key (`dataset_pk`; 3 of 5 rounds of six at once on PostgreSQL
+    here). Its transaction is rolled back whole; a second try finds the row and only links it."""
+    from mlflow.exceptions import MlflowException
+
+    for attempt in range(1, attempts + 1):
+        try:
+            client.log_inputs(run_id, datasets=inputs)
+            return
+        except MlflowException as err:
+            text = str(err)
+            if attempt == attempts or not ("dataset_pk" in text or "UNIQUE constraint failed: datasets" in text):
+                raise

@@ -176,3 +176,38 @@ def test_run_lookups_survive_quotes_in_paths_and_ids(backend, request, tmp_path)
         found = runs.run_of_flow_run(client, experiment, f"flow '{path.name}'")
         assert found is not None and found.run_id == run_id and found.run_dir == path, path.name
     assert runs.run_of_folder(tmp_path / "it''s", client, experiment) is None
+
+
+def test_runs_logging_one_dataset_at_once_all_get_it(postgres_uri):
+    """A compare's children on two workers log the same training set at the same moment. MLflow's store
+    looks the dataset row up and then inserts it: runs racing there collided on its unique key (3 of 5
+    rounds of six here; how a parallel compare lost a child in CI). Every run gets its input."""
+    import threading
+
+    from ada_core.records import Prompt
+    from flows.tracking.lineage import log_dataset_inputs
+
+    uri = tracking.resolve_tracking_uri(postgres_uri)
+    client = MlflowClient(uri)
+    prompts = [Prompt(id=f"p{i}", text=f"{i}+1=", answer=str(i + 1)) for i in range(8)]
+    for round_ in range(5):
+        experiment = client.create_experiment(f"dataset-race-{round_}")
+        runs = [client.create_run(experiment).info.run_id for _ in range(6)]
+        barrier, errors = threading.Barrier(len(runs)), []
+
+        def log(run_id):
+            barrier.wait()
+            try:
+                log_dataset_inputs(MlflowClient(uri), run_id, "arithmetic", {"training": prompts})
+            except Exception as err:  # noqa: BLE001 - the assertion names it
+                errors.append(repr(err)[:300])
+
+        threads = [threading.Thread(target=log, args=(run_id,)) for run_id in runs]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert errors == [], errors
+        for run_id in runs:
+            [dataset] = client.get_run(run_id).inputs.dataset_inputs
+            assert dataset.dataset.name == "arithmetic:training"
