@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -31,3 +34,18 @@ def cache_dir() -> Path:
     path = ada_home() / "cache"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@contextmanager
+def exclusive_lock(path: str | Path) -> Iterator[None]:
+    """An exclusive `flock` on the file `path` (created when missing) for as long as the block runs.
+
+    What processes starting at once must not do together (migrate a new database, build a shared
+    folder) runs under it: the others wait, then find it done. The kernel drops the lock when its
+    holder dies, so a holder killed mid-way blocks no one."""
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -85,11 +85,12 @@ def prepare_local_prefect(timeout_s: float = 900) -> None:
     process at a time, each server finds the schema current. A marker beside the database
     (`<db>.migrated-<prefect version>`) makes later calls a file check.
     """
-    import fcntl
     import subprocess
     import sys
 
     import prefect
+
+    from ada_core.paths import exclusive_lock
 
     database = local_prefect_database()
     if database is None:
@@ -98,8 +99,7 @@ def prepare_local_prefect(timeout_s: float = 900) -> None:
     if marker.exists() and database.exists():
         return
     database.parent.mkdir(parents=True, exist_ok=True)
-    with open(database.with_name(f"{database.name}.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # the others wait here, then find the marker
+    with exclusive_lock(database.with_name(f"{database.name}.lock")):  # the others wait, then find the marker
         if marker.exists() and database.exists():
             return
         subprocess.run([sys.executable, "-c", MIGRATE], check=True, timeout=timeout_s, capture_output=True)

@@ -9,7 +9,6 @@ weights and the same token ids.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib.util
 import json
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ada_core.paths import models_dir
+from ada_core.paths import exclusive_lock, models_dir
 
 
 # The tiny model's alphabet: everything `a+b=` arithmetic (and its negative answers) needs.
@@ -246,12 +245,8 @@ def build_lock(out: Path) -> Iterator[None]:
     The kernel drops it when its holder dies, so a builder killed mid-way blocks no one: the next one
     takes the lock and finds no marker (atomic_build never leaves a half-written `out`)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with exclusive_lock(out.parent / f".{out.name}.lock"):
+        yield
 
 
 def atomic_build(out: Path, write: Callable[[Path], None], marker: dict) -> Path:

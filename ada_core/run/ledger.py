@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import fcntl
 import importlib.util
 import json
 import os
@@ -42,7 +41,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, make_url
 
-from ada_core.paths import ada_home
+from ada_core.paths import ada_home, exclusive_lock
 from ada_core.records import PromptPool
 from ada_core.run.files import LEDGER as LEDGER_FILE
 
@@ -120,12 +119,8 @@ def _sqlite_file_lock(url):
     if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
         yield
         return
-    with open(f"{url.database}.migrate.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with exclusive_lock(f"{url.database}.migrate.lock"):
+        yield
 
 
 def open_engine(url: str) -> Engine:

@@ -11,7 +11,6 @@ file from several processes at once.
 
 from __future__ import annotations
 
-import fcntl
 import importlib.util
 import json
 import os
@@ -24,7 +23,7 @@ import mlflow
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from ada_core.paths import ada_home
+from ada_core.paths import ada_home, exclusive_lock
 from flows.tracking import links
 
 SERVERS_FILE = "ui/servers.json"  # written by infra/ui.py while the UI servers run
@@ -76,8 +75,7 @@ def created_store(uri: str) -> str:
         return uri
     database = Path(uri.removeprefix("sqlite:///"))
     database.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{database}.migrate.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    with exclusive_lock(f"{database}.migrate.lock"):
         MlflowClient(uri).search_experiments(max_results=1)
     _CREATED.add(uri)
     return uri
