@@ -82,7 +82,8 @@ def bench_ranks(args, model_dir: Path) -> dict:
 
     from ada_core.config import DistributedConfig, LossConfig, OptimConfig
     from ada_core.engines.deepspeed_engine import DeepSpeedUpdateEngine
-    from ada_core.engines.rank_group import RankGroup, start_ray
+    from ada_core.engines.rank_group import RankGroup
+    from ada_core.engines.ray_cluster import start_ray
     from ada_core.engines.transformers_engine import TransformersRolloutEngine
     from ada_core.models import load_policy
     from ada_core.protocols import SamplingParams

@@ -10,10 +10,11 @@
 - `deepspeed_engine.DeepSpeedUpdateEngine`: PPO-clip updates with DeepSpeed (gloo on CPU).
 - `update_plan`: the driver's plan of an update (mini-batches, rank shares, global loss denominators).
 - `rank_group.RankGroup`: N DeepSpeed ranks as Ray actors, the same interface as one update engine;
-  `rank_rollout.RankRolloutEngine` splits each round across those ranks.
+  `rank_rollout.RankRolloutEngine` splits each round across those ranks; `ray_cluster.start_ray` starts
+  or joins their Ray, and `lifeline.Lifeline` ends a Ray it started when the driver dies.
 
 Submodules are imported directly, so importing one engine never pays for another's imports (DeepSpeed, httpx).
 """
 
-__all__ = ["deepspeed_engine", "factory", "rank_group", "rank_rollout", "requests", "transformers_engine",
-           "update_plan", "vllm_engine", "vllm_pool", "vllm_server", "vllm_stream"]
+__all__ = ["deepspeed_engine", "factory", "lifeline", "rank_group", "rank_rollout", "ray_cluster", "requests",
+           "transformers_engine", "update_plan", "vllm_engine", "vllm_pool", "vllm_server", "vllm_stream"]

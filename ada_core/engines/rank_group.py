@@ -6,7 +6,7 @@ ranks. Built in one place (`RankGroup.__init__`), torn down in one place (`close
 1. Ray: with `distributed.ray_address` None a local Ray is started on this machine with no dashboard,
    usage stats off, token authentication on (Ray's default) and a 1 GiB object store (weights never go through it: ranks load the model
    folder from disk, and the driver pulls new weights through a file); otherwise the group joins
-   the cluster at that address. A Ray this group started is stopped by `close`, or, if the driver
+   the cluster at that address (ray_cluster.start_ray). A Ray this group started is stopped by `close`, or, if the driver
    dies first (SIGKILL included), within a second by a lifeline watcher (lifeline.py) that kills
    every process of that Ray and removes the group's /dev/shm folder.
 2. One placement group of `num_ranks` bundles (`cpus_per_rank`, `gpus_per_rank`), placed with
@@ -39,7 +39,6 @@ it on the first node; infra/GPU.md).
 from __future__ import annotations
 
 import logging
-import math
 import os
 import shutil
 import socket
@@ -58,14 +57,14 @@ from ada_core.engines.deepspeed_engine import (RENDEZVOUS_ENV, _STATE_FILE, Deep
 from ada_core.engines.update_plan import (balance_by_tokens, flatten, local_steps, plan_update, update_metrics,
                                           zero_metrics)
 from ada_core.engines.lifeline import Lifeline, descendants
-from ada_core.errors import InputError, RunFailure
+from ada_core.engines.ray_cluster import start_ray
+from ada_core.errors import RunFailure
 from ada_core.protocols import SamplingParams, UpdateEngine
 from ada_core.records import Group, Prompt, Sample
 
 log = logging.getLogger(__name__)
 
 _LOG_TAIL_LINES = 30
-OBJECT_STORE_BYTES = 1 << 30  # Ray's default is 30% of RAM; only sequences and log-probs go through it
 
 
 class RankError(RunFailure):
@@ -78,67 +77,6 @@ def placement(distributed) -> tuple[list[dict[str, float]], str]:
     bundle = {"CPU": distributed.cpus_per_rank,
               **({"GPU": distributed.gpus_per_rank} if distributed.gpus_per_rank > 0 else {})}
     return [dict(bundle) for _ in range(distributed.num_ranks)], distributed.placement_strategy
-
-
-def start_ray(distributed, env: dict[str, str] | None = None) -> bool:
-    """Connect to the configured Ray, or start a local one; False when this process already had Ray.
-    A local Ray's processes (its servers, and every worker started later) inherit `env` (a
-    `Lifeline`'s tag), which this process itself keeps only while `ray.init` runs."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if distributed.ray_address is None:
-        need = math.ceil(distributed.num_ranks * distributed.cpus_per_rank)
-        # Logical CPUs only bound how many actors Ray places; the ranks' own threads follow cpus_per_rank.
-        # Ray 2.60 turns a 127.0.0.1 node address into the machine's own IP (services.resolve_ip_for_localhost),
-        # so its servers cannot be held to loopback; its token authentication (on by default) guards them.
-        _private_token()
-        previous = {key: os.environ.get(key) for key in env or {}}
-        os.environ.update(env or {})
-        try:
-            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, need), include_dashboard=False,
-                     object_store_memory=OBJECT_STORE_BYTES, log_to_driver=False, configure_logging=False,
-                     namespace="ada")
-        finally:
-            for key, value in previous.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
-        _private_token()
-    else:
-        address = distributed.ray_address
-        check_ray_address(address, min(10.0, distributed.startup_timeout_s))
-        try:
-            ray.init(address=address, log_to_driver=False, configure_logging=False, namespace="ada")
-        except ConnectionError as err:
-            raise InputError(f"distributed.ray_address={address}: cannot join that Ray cluster ({_first_line(err)}); "
-                             "start it first (`ray start --head`, infra/GPU.md), or unset ray_address to start a "
-                             "local Ray") from None
-    return True
-
-
-def check_ray_address(address: str, timeout_s: float) -> None:
-    """A `host:port` that no process listens on is refused at once: Ray's own client retries such an
-    address for many minutes (over 10 here) before it gives up."""
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        return  # `auto`, or a `ray://` client address: Ray finds or checks it itself
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-    except OSError as err:
-        raise InputError(f"distributed.ray_address={address}: no Ray cluster answers there ({err}); start it first "
-                         "(`ray start --head`, infra/GPU.md), or unset ray_address to start a local Ray") from None
-
-
-def _private_token() -> None:
-    """Ray 2.60 writes the token of a new local cluster to ~/.ray/auth_token readable by everyone (0644):
-    any local user could then join the cluster the ranks run on. Held to its owner."""
-    token = Path.home() / ".ray" / "auth_token"
-    if token.is_file():
-        token.chmod(0o600)
 
 
 class RankWorker:
