@@ -38,7 +38,7 @@ def curation_key(inputs: dict[str, Any]) -> str:
 def _curate_dataset(
     model: str, sft_steps: int, dataset: str, pool_size: int, k: int, ceiling: float, seed: int,
     max_tokens: int, temperature: float, positive_threshold: float, micro_batch_size: int, home: str,
-    dataset_digest: str = "", keep_pass_rate: list[float] | None = None,
+    dataset_digest: str = "", keep_pass_rate: list[float] | None = None, sft: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Curate (or reuse) and return {dataset, model, kept, pool, key, ...}: plain data for the cache.
 
@@ -56,6 +56,8 @@ def _curate_dataset(
                   dataset_digest=dataset_digest)
     if keep_pass_rate is not None:  # only then: the sets curated by the ceiling rule keep their keys
         inputs["keep_pass_rate"] = list(keep_pass_rate)
+    if sft:  # only a warm start other than SftConfig's defaults: the sets curated before `sft` keep their keys
+        inputs["sft"] = dict(sft)
     key = curation_key(inputs)
     out = Path(home) / "curated" / key
     summary_file = out / "curation.json"
@@ -66,6 +68,7 @@ def _curate_dataset(
         model, sft_steps, dataset, pool_size, k, ceiling, seed, max_tokens, temperature, positive_threshold,
         micro_batch_size, out, sft_progress=ProgressArtifact(f"warm start (SFT) of {model}").callback(),
         progress=ProgressArtifact(f"curation of {dataset} (k={k})", "prompt").callback(), band=keep_pass_rate,
+        sft=sft,
     )
     summary = {"key": key, "dataset": str(out), **made, "inputs": inputs}
     summary_file.write_text(json.dumps(summary, indent=2) + "\n")  # last: marks the set complete
@@ -89,7 +92,7 @@ def curation_inputs(config, seed: int) -> dict[str, Any]:
         model=config.model,
         sft_steps=config.sft_steps,
         dataset=config.data.dataset,
-        pool_size=config.data.train_size + config.data.eval_size,
+        pool_size=config.data.train_size + config.data.eval_size + config.data.val_size,
         k=config.data.curation_k,
         ceiling=config.data.pass_rate_ceiling,
         seed=seed,
@@ -100,7 +103,19 @@ def curation_inputs(config, seed: int) -> dict[str, Any]:
         home=str(ada_home()),
         dataset_digest=data_digest(config.data.dataset),
         keep_pass_rate=config.data.keep_pass_rate,
+        sft=sft_changes(config),
     )
+
+
+def sft_changes(config) -> dict[str, Any] | None:
+    """The config's `sft` fields that differ from SftConfig's defaults (None when none do, or with no warm start)."""
+    from ada_core.config.schema import SftConfig
+
+    if config.sft_steps == 0:
+        return None
+    default = SftConfig().model_dump()
+    changed = {k: v for k, v in config.sft.model_dump().items() if v != default[k]}
+    return changed or None
 
 
 def curate_for(config, seed: int) -> dict[str, Any]:
@@ -110,18 +125,22 @@ def curate_for(config, seed: int) -> dict[str, Any]:
 
 def training_config(config, curated: dict[str, Any]):
     """The config training actually runs: the curated set, from the model that curated it, no second SFT."""
-    train_prompts = curated["kept"] - config.data.eval_size
+    train_prompts = curated["kept"] - config.data.eval_size - config.data.val_size
     if train_prompts < config.prompts_per_step:
         from ada_core.errors import DatasetError
 
         raise DatasetError(
             f"curation kept {curated['kept']} of {curated['pool']} prompts: after data.eval_size={config.data.eval_size} "
-            f"held out, {max(train_prompts, 0)} remain for prompts_per_step={config.prompts_per_step}; raise "
+            f"and data.val_size={config.data.val_size} held out, {max(train_prompts, 0)} remain for prompts_per_step={config.prompts_per_step}; raise "
             "data.train_size, data.pass_rate_ceiling or data.keep_pass_rate, or lower data.eval_size or "
             "prompts_per_step"
         )
     from ada_core.config import deep_merge, validate_config
 
-    return validate_config(deep_merge(config.model_dump(), {
+    from ada_core.config.schema import SftConfig
+
+    settings = deep_merge(config.model_dump(), {
         "model": curated["model"], "sft_steps": 0, "data": {"dataset": curated["dataset"]},
-    }))
+    })
+    settings["sft"] = SftConfig().model_dump()  # warm-started already: no second SFT, so no SFT settings
+    return validate_config(settings)

@@ -30,6 +30,7 @@ from ada_core.config.schema import (
     RolloutConfig,
     SamplerConfig,
     TrainConfig,
+    VerifierConfig,
     VLLMConfig,
     flat_params,
     flatten_dotted,
@@ -40,6 +41,6 @@ from ada_core.config.schema import (
 __all__ = [
     "ALGORITHM_FIELDS", "AdvantageConfig", "CheckpointConfig", "ConfigError", "DataConfig", "DistributedConfig", "LedgerConfig",
     "LossConfig", "OptimConfig", "PRESETS", "PROFILES", "RolloutConfig", "SamplerConfig", "TrainConfig",
-    "VLLMConfig", "build_config", "deep_merge", "flat_params", "flatten_dotted", "format_validation_error", "parse_set",
+    "VerifierConfig", "VLLMConfig", "build_config", "deep_merge", "flat_params", "flatten_dotted", "format_validation_error", "parse_set",
     "read_config_file", "validate_config"
 ]

@@ -13,8 +13,11 @@ Every leaf field of the schema declares, next to its description, when a run rea
   the config does not hold (`run.curate`: the flow curates first; `run.device`: `cpu` or `cuda`),
   `op` one of `==`, `!=`, `in`, `>`, `>=`, and `value` YAML (`ada`, `[ada, budgeted]`, `null`, `[]`, `1`).
 
-The metadata lands in the JSON schema too (`applies`), so Prefect's form carries it. A run fact that is
-not known (`run_facts` left out) counts as holding: a value is logged, never hidden, when in doubt.
+The metadata lands in the JSON schema too (`applies`), so Prefect's form carries it. A rule that needs a run
+fact its caller did not give cannot be decided, and is never taken as holding: a field set by the user whose
+rule cannot be decided is refused (`unread_set_fields`), and `holds`/`not_applicable` raise `Undecided`.
+Whoever builds a run's config knows its facts and passes them (`run_facts`): `ada train` never curates; the
+train flow curates when `curate` is true.
 """
 
 from __future__ import annotations
@@ -26,10 +29,28 @@ from typing import Any
 
 import yaml
 
+from ada_core import metrics
+
 KEY = "applies"
 ALWAYS: dict[str, Any] = {KEY: "always"}
 LABEL: dict[str, Any] = {KEY: "label"}
 RUN_FACTS = {"run.curate": (True, False), "run.device": ("cpu", "cuda")}
+
+
+class Undecided(ValueError):
+    """An applicability rule names a run fact its caller did not give: whether the run reads the field is unknown."""
+
+
+def this_device() -> str:
+    """`run.device` of a run on this machine: `cuda` when torch sees a GPU, else `cpu`."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def run_facts(curate: bool, device: str | None = None) -> dict[str, Any]:
+    """Every run fact (RUN_FACTS) of a run that curates first or not, on `device` (default: this machine's)."""
+    return {"run.curate": bool(curate), "run.device": device or this_device()}
 
 _OPS = {"==": operator.eq, "!=": operator.ne, ">=": operator.ge, ">": operator.gt,
         "in": lambda value, allowed: value in allowed}
@@ -55,10 +76,11 @@ class Atom:
             raise ValueError(f"applicability clause {text!r}: `in` needs a list, e.g. [ada, budgeted]")
         return cls(match["path"], match["op"], value)
 
-    def holds(self, config: Any, facts: dict[str, Any]) -> bool:
+    def truth(self, config: Any, facts: dict[str, Any]) -> bool | None:
+        """Whether the comparison holds; None when it names a run fact `facts` does not give."""
         if self.path.startswith("run."):
             if facts.get(self.path) is None:
-                return True  # unknown: count it as holding
+                return None  # unknown: undecided, never taken as holding
             actual = facts[self.path]
         else:
             actual = lookup(config, self.path)
@@ -82,8 +104,13 @@ class Clause:
     def paths(self) -> list[str]:
         return [a.path for a in self.atoms]
 
+    def truth(self, config: Any, facts: dict[str, Any]) -> bool | None:
+        """True when an atom holds, False when none does, None when none holds and one is undecided."""
+        truths = [a.truth(config, facts) for a in self.atoms]
+        return True if True in truths else None if None in truths else False
+
     def holds(self, config: Any, facts: dict[str, Any]) -> bool:
-        return any(a.holds(config, facts) for a in self.atoms)
+        return _decided(self.truth(config, facts), self, facts)
 
     def __str__(self) -> str:
         return " or ".join(str(a) for a in self.atoms)
@@ -118,14 +145,34 @@ class Applies:
     kind: str  # "always" | "label" | "when"
     clauses: tuple[Clause, ...] = ()
 
-    def holds(self, config: Any, facts: dict[str, Any] | None = None) -> bool:
-        """Whether a run of `config` reads the field (a label: False, it is never read)."""
+    def truth(self, config: Any, facts: dict[str, Any] | None = None) -> bool | None:
+        """Whether a run of `config` reads the field (a label: False, it is never read); None when that
+        depends on a run fact `facts` does not give."""
         if self.kind == "label":
             return False
-        return all(c.holds(config, facts or {}) for c in self.clauses)
+        truths = [c.truth(config, facts or {}) for c in self.clauses]
+        return False if False in truths else None if None in truths else True
+
+    def holds(self, config: Any, facts: dict[str, Any] | None = None) -> bool:
+        """`truth`, or `Undecided` naming the run facts it needs."""
+        return _decided(self.truth(config, facts), self, facts or {})
+
+    def unknown_facts(self, facts: dict[str, Any] | None = None) -> list[str]:
+        """The run facts this rule names that `facts` does not give."""
+        return list(dict.fromkeys(p for c in self.clauses for p in c.paths
+                                  if p.startswith("run.") and (facts or {}).get(p) is None))
 
     def __str__(self) -> str:
         return self.kind if self.kind != "when" else " and ".join(str(c) for c in self.clauses)
+
+
+def _decided(truth: bool | None, rule: Any, facts: dict[str, Any]) -> bool:
+    if truth is None:
+        paths = [p for p in (rule.paths if isinstance(rule, Clause) else
+                             [p for c in rule.clauses for p in c.paths]) if p.startswith("run.")]
+        unknown = ", ".join(dict.fromkeys(p for p in paths if facts.get(p) is None))
+        raise Undecided(f"`{rule}` cannot be decided: {unknown} not given (pass run_facts)")
+    return truth
 
 
 def _of(extra: Any) -> Applies | None:
@@ -157,17 +204,28 @@ def applicability(model: type) -> dict[str, Applies | None]:
     return {name: _of(info.json_schema_extra) for name, info in leaf_fields(model).items()}
 
 
-def not_applicable(config: Any, facts: dict[str, Any] | None = None) -> set[str]:
-    """Dotted names of the fields a run of `config` does not read (labels excluded: they are logged as given)."""
-    return {name for name, rule in applicability(type(config)).items()
-            if rule is not None and rule.kind == "when" and not rule.holds(config, facts)}
+def not_applicable(config: Any, facts: dict[str, Any]) -> set[str]:
+    """Dotted names of the fields a run of `config` does not read (labels excluded: they are logged as given).
+    `facts`: the run's (`run_facts`); a rule they leave undecided raises `Undecided`, naming the field."""
+    out: set[str] = set()
+    for name, rule in applicability(type(config)).items():
+        if rule is None or rule.kind != "when":
+            continue
+        truth = rule.truth(config, facts)
+        if truth is None:
+            raise Undecided(f"{name}: whether this run reads it cannot be decided: it applies only when {rule}, "
+                            f"and {', '.join(rule.unknown_facts(facts))} is not given")
+        if not truth:
+            out.add(name)
+    return out
 
 
-def unread_set_fields(config: Any, given: dict[str, Any]) -> list[str]:
+def unread_set_fields(config: Any, given: dict[str, Any], facts: dict[str, Any] | None = None) -> list[str]:
     """Why each field the user set (`given`: nested, as from a config file or `--set`) is never read by a run
-    of `config`, one line per field, naming it and where it applies. Run facts are unknown here, so only
-    config clauses count."""
+    of `config` with run facts `facts` (`run_facts`), one line per field, naming it and where it applies. A
+    field whose rule needs a fact `facts` does not give is refused too: it cannot be shown to be read."""
     rules = applicability(type(config))
+    facts = facts or {}
     problems: list[str] = []
 
     def walk(node: dict[str, Any], prefix: str) -> None:
@@ -175,17 +233,25 @@ def unread_set_fields(config: Any, given: dict[str, Any]) -> list[str]:
             dotted = f"{prefix}{key}"
             if isinstance(value, dict) and dotted not in rules:
                 walk(value, f"{dotted}.")
-            elif (rule := rules.get(dotted)) is not None and rule.kind == "when" and not rule.holds(config):
+            elif (rule := rules.get(dotted)) is None or rule.kind != "when":
+                continue
+            elif (truth := rule.truth(config, facts)) is None:
+                problems.append(f"{dotted}: set to {value!r}, but whether this run reads it cannot be decided: it "
+                                f"applies only when {rule}, and {', '.join(rule.unknown_facts(facts))} is not known "
+                                "where this config is built; remove it or set it where the run's facts are known")
+            elif not truth:
                 problems.append(f"{dotted}: set to {value!r}, but this run never reads it: it applies only when "
-                                f"{rule} (here {_actual(config, rule)}); remove it or change the run")
+                                f"{rule} (here {_actual(config, rule, facts)}); remove it or change the run")
 
     walk(given, "")
     return problems
 
 
-def _actual(config: Any, rule: Applies) -> str:
-    paths = dict.fromkeys(p for c in rule.clauses for p in c.paths if not p.startswith("run."))
-    return ", ".join(f"{p} = {_show(lookup(config, p))}" for p in paths)
+def _actual(config: Any, rule: Applies, facts: dict[str, Any]) -> str:
+    paths = dict.fromkeys(p for c in rule.clauses for p in c.paths)
+    return ", ".join(f"{p} = {_show(facts[p] if p.startswith('run.') else lookup(config, p))}"
+                     + (": this run does not curate its prompts first" if p == "run.curate" and not facts[p] else "")
+                     for p in paths if not p.startswith("run.") or facts.get(p) is not None)
 
 
 def config_table(model: type) -> str:
@@ -211,3 +277,10 @@ def config_table(model: type) -> str:
         description = (info.description or "").replace("|", "\\|").replace("\n", " ")
         lines.append(f"| `{name}` | `{default!r}` | {rules[name] or '**missing**'} | {description} |")
     return "\n".join(lines) + "\n"
+
+
+def metrics_off(config: Any) -> frozenset[str]:
+    """The metric keys of the features a run of `config` leaves off (`ada_core.metrics.WHEN_ON`): a run never
+    logs them, so MLflow draws no chart of a feature the run does not use."""
+    return frozenset(key for clause, keys in metrics.WHEN_ON.items()
+                     if not Clause.parse(clause).holds(config, {}) for key in keys)  # a run fact: Undecided

@@ -1,7 +1,7 @@
 """Algorithm presets, scale profiles, and how a config is built from them.
 
 Algorithm presets (`grpo`, `grpo-n8`, `grpo-n16`, `dapo`, `ada-pos`, `ada-balance`, `ada-est`, ...) say
-*what* algorithm runs; scale profiles (`tiny`, `smollm2-135m`, `paper`) say *how big*: prompts per step, lengths and learning
+*what* algorithm runs; scale profiles (`tiny`, `testbed`, `smollm2-135m`, `paper`) say *how big*: prompts per step, lengths and learning
 rate suit a model size, and the paper's values do not suit a tiny model. `build_config` layers
 defaults < scale profile < preset < config file < `--set` overrides, then validates (schema.py).
 """
@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from ada_core.config.applies import unread_set_fields
-from ada_core.config.schema import ConfigError, TrainConfig, validate_config
+from ada_core.config.schema import ConfigError, TrainConfig, flatten_dotted, validate_config
 
 # The fields that make an algorithm: the only ones a preset may set, so two presets on one profile differ
 # in these and nothing else (tests/fast/test_config.py walks every pair). Everything else (optimiser,
@@ -108,6 +108,24 @@ PROFILES: dict[str, dict[str, Any]] = {
         "data": {"train_size": 512, "eval_size": 32, "curation_k": 8},
         "sampler": {"M": 4},
     },
+    # The calibrated testbed (docs/benchmarks/testbed.md): the paper's start regime at CPU scale. A 4-layer tiny
+    # Llama warm-started on a stream of fresh sums whose carries slip 3 times in 4, so it adds well but carries
+    # badly; curated to the paper's band (1-5 correct of 16); fresh prompts every step (18,720 > 100 x 32 x 2);
+    # 1,024 held out and 256 for validation, shared by every seed of a comparison. Ours.
+    "testbed": {
+        "model": "tiny-l4",
+        "prompts_per_step": 32,
+        "steps": 100,
+        "eval_every": 20,
+        "eval_k": 8,
+        "checkpoint_every": 50,
+        "sft_steps": 2000,
+        "sft": {"lr": 1e-3, "batch_size": 128, "prompts": 256000, "carry_slip": 0.75},
+        "optim": {"lr": 2e-5, "warmup_steps": 2, "mini_batches": 1, "micro_batch_size": 128},
+        "rollout": {"max_tokens": 8, "micro_batch_size": 256},
+        "data": {"dataset": "arithmetic", "train_size": 18720, "eval_size": 1024, "val_size": 256, "seed": 0,
+                 "curation_k": 16, "keep_pass_rate": [0.0625, 0.3125]},
+    },
     # The tiny Llama on `a+b=` arithmetic: DESIGN.md's CPU calibration point. Ours.
     "tiny": {
         "model": "tiny",
@@ -116,7 +134,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "eval_every": 10,
         "eval_k": 4,
         "checkpoint_every": 20,
-        "sft_steps": 600,  # 48% pass on the train pool, 26% held out, ~75 s (BENCHMARKS.md)
+        "sft_steps": 600,  # 48% pass on the train pool, 26% held out, ~75 s (docs/benchmarks/models.md)
         "optim": {"lr": 3e-4, "warmup_steps": 2, "mini_batches": 1, "micro_batch_size": 128},
         "rollout": {"max_tokens": 8, "micro_batch_size": 256},
         "data": {"dataset": "arithmetic", "train_size": 2048, "eval_size": 128, "curation_k": 8,
@@ -182,12 +200,35 @@ def read_config_file(config_file: str | Path) -> dict[str, Any]:
     return loaded
 
 
+def yaml_lines(config_file: str | Path, loaded: dict[str, Any]) -> dict[str, int | None]:
+    """Dotted field -> the 1-based line of its key in `config_file` (None where it cannot be told), for
+    every leaf `loaded` (the file, read) sets."""
+    lines: dict[str, int | None] = dict.fromkeys(flatten_dotted(loaded))
+    try:
+        root = yaml.compose(Path(config_file).read_text(encoding="utf-8"))
+    except (yaml.YAMLError, OSError, UnicodeDecodeError):
+        return lines
+
+    def walk(node: Any, prefix: str) -> None:
+        if not isinstance(node, yaml.MappingNode):
+            return
+        for key, value in node.value:
+            dotted = f"{prefix}{key.value}"
+            if dotted in lines:
+                lines[dotted] = key.start_mark.line + 1
+            walk(value, f"{dotted}.")
+
+    walk(root, "")
+    return lines
+
+
 def build_config(
     preset: str = "grpo",
     profile: str = "tiny",
     config_file: str | Path | None = None,
     overrides: dict[str, Any] | None = None,
     refuse_unread: bool = True,
+    facts: dict[str, Any] | None = None,
 ) -> TrainConfig:
     """Layer defaults < profile < preset < config file < overrides, then validate.
 
@@ -195,7 +236,9 @@ def build_config(
     config file or an override sets where the run never reads it (ada_core/config/applies.py), e.g.
     `sampler.window` under `schedule: rounds`. Profiles and presets may set such fields (the `tiny`
     profile's `sampler.M` under GRPO): MLflow logs them as `n/a`. `refuse_unread=False` is for a group's
-    shared overrides, which need only apply to some of its variants (flows/params.py).
+    shared overrides, which need only apply to some of its variants (flows/params.py). `facts`: what the run
+    is besides its config (`run_facts`: does it curate, on which device); a set field whose applicability
+    needs a fact not given is refused, never taken as read.
     """
     given: dict[str, Any] = {}
     if preset not in PRESETS:
@@ -204,15 +247,30 @@ def build_config(
         raise ConfigError(f"profile: unknown {profile!r}; choose from {sorted(PROFILES)}")
     merged = deep_merge(PROFILES[profile], PRESETS[preset])
     merged = deep_merge(merged, {"preset": preset, "profile": profile})
+    from_file: dict[str, int | None] = {}  # dotted field the config file sets (and --set does not) -> its line
     if config_file is not None:
         loaded = read_config_file(config_file)
         merged = deep_merge(merged, loaded)
         given = deep_merge(given, loaded)
+        from_file = yaml_lines(config_file, loaded)
     if overrides:
         merged = deep_merge(merged, overrides)
         given = deep_merge(given, overrides)
-    config = validate_config(merged)
-    unread = unread_set_fields(config, given) if refuse_unread else []
+        for key in flatten_dotted(overrides):
+            for field in [f for f in from_file if f == key or f.startswith(f"{key}.") or key.startswith(f"{f}.")]:
+                del from_file[field]
+
+    def origin(dotted: str) -> str | None:
+        """`config file <path>, line <n>` for a field (or a section holding one) the config file set."""
+        lines = [line for field, line in from_file.items() if field == dotted or field.startswith(f"{dotted}.")]
+        if not lines:
+            return None
+        known = [line for line in lines if line is not None]
+        return f"config file {config_file}" + (f", line {min(known)}" if known else "")
+
+    config = validate_config(merged, origin)
+    unread = unread_set_fields(config, given, facts) if refuse_unread else []
     if unread:
-        raise ConfigError("\n".join(unread))
+        raise ConfigError("; ".join(f"{where}: {line}" if (where := origin(line.split(":", 1)[0])) else line
+                                    for line in unread))
     return config

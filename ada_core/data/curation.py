@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ada_core.paths import staged
 from ada_core.protocols import RolloutEngine, SamplingParams, Verifier
 from ada_core.records import Prompt
 
@@ -132,6 +133,22 @@ def pass_rates(
     return rates
 
 
+# The paper's start regime read at k = 16 (arXiv 2510.04996: its data keeps 1-5 correct of 16, its hard set 1-2):
+# bands of correct samples, inclusive.
+HISTOGRAM_BANDS = {"0": (0, 0), "1-2": (1, 2), "3-5": (3, 5), "6-15": (6, 15), "16": (16, 16)}
+
+
+def pass_rate_histogram(rates: dict[str, float] | Sequence[float], k: int = 16) -> dict[str, float]:
+    """Share of prompts in each of `HISTOGRAM_BANDS` (correct samples of k = 16), from pass rates measured at k."""
+    if k != 16:
+        raise ValueError(f"the histogram's bands are counts of 16; got pass rates at k = {k}")
+    values = list(rates.values()) if isinstance(rates, dict) else list(rates)
+    if not values:
+        raise ValueError("pass_rate_histogram: no pass rates")
+    counts = [round(r * k) for r in values]
+    return {band: sum(low <= c <= high for c in counts) / len(counts) for band, (low, high) in HISTOGRAM_BANDS.items()}
+
+
 def curate(
     prompts: Sequence[Prompt],
     engine: RolloutEngine,
@@ -236,17 +253,18 @@ def save_curated(result: CurationResult, directory: str | Path) -> Path:
         record = asdict(p)
         record.pop("prompt_ids")  # tokenizer-specific; the trainer re-encodes
         lines.append(json.dumps(record, ensure_ascii=False))
-    staged = Path(tempfile.mkdtemp(prefix=f".{ARROW_DIR}.", dir=out))
+    staging = Path(tempfile.mkdtemp(prefix=f".{ARROW_DIR}.", dir=out))
     try:
-        save_prompts(result.prompts, staged / ARROW_DIR)  # first: a failure here changes nothing
-        _atomic_write(out / PROMPTS_FILE, "".join(line + "\n" for line in lines))
-        _atomic_write(out / REPORT_FILE, json.dumps(result.report, indent=2, ensure_ascii=False) + "\n")
+        with staged(staging, f"the curated set {out.name}"):  # a full disk: one line naming the folder
+            save_prompts(result.prompts, staging / ARROW_DIR)  # first: a failure here changes nothing
+            _atomic_write(out / PROMPTS_FILE, "".join(line + "\n" for line in lines))
+            _atomic_write(out / REPORT_FILE, json.dumps(result.report, indent=2, ensure_ascii=False) + "\n")
         old = out / ARROW_DIR
         if old.exists():
-            old.rename(staged / "old")
-        (staged / ARROW_DIR).rename(old)
+            old.rename(staging / "old")
+        (staging / ARROW_DIR).rename(old)
     finally:
-        shutil.rmtree(staged, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)
     return out
 
 

@@ -108,7 +108,7 @@ def load_dataset_file(path: str | Path, schema: str | None = None, id_prefix: st
             raise DatasetError(f"{path}: the file has no rows (it is empty or blank)")
         columns = set(parquet.schema_arrow.names)
         name = _schema_name(path, columns, schema)
-        records = _parquet_records(path, name, columns, id_prefix or path.stem)
+        records = _parquet_records(path, name, columns, id_prefix or path.stem)  # ids checked: nothing cached if bad
     else:
         columns, rows = _read_rows(path)
         if not rows:
@@ -117,7 +117,7 @@ def load_dataset_file(path: str | Path, schema: str | None = None, id_prefix: st
         boxed = _boxed_from_solution(SCHEMAS[name], columns)
         checked = [_record(name, SCHEMAS[name], row, n, path, boxed, id_prefix or path.stem) for n, row in rows]
         records = {key: [r[key] for r in checked] for key in RECORD_COLUMNS}
-    _check_unique_ids(path, records, SCHEMAS[name].id or "id")
+        _check_unique_ids(path, records, SCHEMAS[name].id or "id")
     if not records["id"]:
         raise DatasetError(f"{path}: no rows")
     meta_of = _meta_reader()
@@ -208,19 +208,25 @@ def _record_batch(batch: dict[str, list], indices: list[int], name: str, path: s
 
 
 def _parquet_records(path: Path, name: str, columns: set[str], prefix: str) -> dict[str, list]:
-    from ada_core.data.hf import RECORD_FEATURES, cached_map, load_parquet
+    """The checked records of a parquet file; a bad row or a repeated id is refused with nothing left in
+    the datasets cache under ADA_HOME (`hf.checked_parquet`)."""
+    from ada_core.data.hf import RECORD_FEATURES, cached_map, checked_parquet
 
     # Read only what some schema uses: OpenR1's generations columns alone are gigabytes.
     wanted = {c for s in SCHEMAS.values() for c in (*s.text, s.answer, s.id, s.level, *s.meta) if c}
     wanted |= {"solution", "meta", "difficulty"}
-    table = load_parquet(path, sorted(columns & wanted))
-    records = cached_map(
-        table, _record_batch, batched=True, batch_size=1000, with_indices=True, remove_columns=table.column_names,
-        features=RECORD_FEATURES, desc=f"checking {path.name}",
-        fn_kwargs={"name": name, "path": str(path), "boxed": _boxed_from_solution(SCHEMAS[name], columns),
-                   "prefix": prefix},
-    )
-    return records.to_dict()
+
+    def check(table) -> dict[str, list]:
+        records = cached_map(
+            table, _record_batch, batched=True, batch_size=1000, with_indices=True,
+            remove_columns=table.column_names, features=RECORD_FEATURES, desc=f"checking {path.name}",
+            fn_kwargs={"name": name, "path": str(path), "boxed": _boxed_from_solution(SCHEMAS[name], columns),
+                       "prefix": prefix},
+        ).to_dict()
+        _check_unique_ids(path, records, SCHEMAS[name].id or "id")
+        return records
+
+    return checked_parquet(path, sorted(columns & wanted), check)
 
 
 def _schema_hint() -> str:

@@ -15,19 +15,21 @@ from ada_core.records import Prompt
 # Generators
 
 
-def arithmetic_prompts(size: int, seed: int, difficulty: int | None = None) -> list[Prompt]:
+def arithmetic_prompts(size: int, seed: int, difficulty: int | None = None, distinct: bool = True) -> list[Prompt]:
     """`size` distinct `a+b=` problems; operands have 1..difficulty digits (default 3).
 
     Each operand draws its digit count uniformly, then a value with that many digits (0-9 for one
     digit), so short and long operands are equally common. `prompt.difficulty` is the larger
     operand's digit count. Example: `Prompt(text="12+345=", answer="357", difficulty=3.0)`.
+    `distinct=False` keeps repeats: `size` independent draws, as a stream of fresh problems gives
+    (a distinct draw as large as the space of short sums is skewed towards long operands).
     """
     max_digits = 3 if difficulty is None else int(difficulty)
     if not 1 <= max_digits <= 6:
         raise DatasetError(f"arithmetic difficulty is the max operand digits, 1..6; got {difficulty}")
-    distinct = (10**max_digits) ** 2
-    if size > distinct:
-        raise DatasetError(f"arithmetic with up to {max_digits} digits has only {distinct} distinct problems; "
+    space = (10**max_digits) ** 2
+    if distinct and size > space:
+        raise DatasetError(f"arithmetic with up to {max_digits} digits has only {space} distinct problems; "
                          f"asked for {size}")
     rng = random.Random(seed)
 
@@ -39,7 +41,7 @@ def arithmetic_prompts(size: int, seed: int, difficulty: int | None = None) -> l
     prompts = []
     while len(prompts) < size:
         a, b = operand(), operand()
-        if (a, b) in seen:
+        if distinct and (a, b) in seen:
             continue
         seen.add((a, b))
         prompts.append(Prompt(
@@ -51,6 +53,36 @@ def arithmetic_prompts(size: int, seed: int, difficulty: int | None = None) -> l
             meta={"answer_format": "plain"},
         ))
     return prompts
+
+
+def slipped_sum(a: int, b: int, slip: float, rng: random.Random) -> int:
+    """`a + b` added digit by digit, each carry dropped with chance `slip` (non-negative operands).
+
+    >>> slipped_sum(58, 67, 0.0, random.Random(0)), slipped_sum(58, 67, 0.999999, random.Random(0))
+    (125, 15)
+    """
+    total, carry, place = 0, 0, 1
+    while a or b or carry:
+        digit = a % 10 + b % 10 + carry
+        total += (digit % 10) * place
+        carry = digit // 10
+        if carry and rng.random() < slip:
+            carry = 0
+        a, b, place = a // 10, b // 10, place * 10
+    return total
+
+
+def slip_carries(prompts: list[Prompt], slip: float, seed: int) -> list[Prompt]:
+    """`a+b=` prompts with their answers replaced by `slipped_sum` targets (seeded); `slip` 0 returns them as given."""
+    if slip <= 0:
+        return prompts
+    rng = random.Random(seed)
+    out = []
+    for p in prompts:
+        a, b = (int(x) for x in p.text.rstrip("=").split("+"))
+        out.append(Prompt(id=p.id, text=p.text, answer=str(slipped_sum(a, b, slip, rng)), source=p.source,
+                          difficulty=p.difficulty, meta=dict(p.meta)))
+    return out
 
 
 # Maths tasks of reasoning-gym that run offline and whose answers math-verify parses.

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import builtins
 import os
+import shutil
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
@@ -25,6 +26,8 @@ import datasets  # noqa: E402
 
 from ada_core.paths import cache_dir  # noqa: E402
 from ada_core.records import Prompt  # noqa: E402
+
+T = TypeVar("T")
 
 datasets.disable_progress_bars()  # the flows report progress as Prefect artifacts instead
 
@@ -85,6 +88,53 @@ def load_parquet(path: Path, columns: list[str]) -> datasets.Dataset:
     with plain_print():
         return datasets.Dataset.from_parquet(str(path), columns=columns, cache_dir=str(datasets_cache_dir()),
                                              keep_in_memory=False)
+
+
+def checked_parquet(path: Path, columns: list[str], check: Callable[[datasets.Dataset], T]) -> T:
+    """`check(load_parquet(path, columns))`. A `DatasetError` from it (a bad row, a repeated id) leaves no
+    cache behind: the file's Arrow conversion, the map results beside it, datasets' lock files for them,
+    and the cache folders (up to ADA_HOME) this call created are removed before the error goes on, so a
+    refused file writes nothing under ADA_HOME. Only a file that passes is kept, for the next load."""
+    from ada_core.errors import DatasetError
+    from ada_core.paths import ada_home
+
+    home = ada_home(create=False)
+    chain = [home, home / "cache", home / "cache" / "hf_datasets"]
+    existed = [folder.exists() for folder in chain]
+    table = None
+    try:
+        table = load_parquet(path, columns)
+        return check(table)
+    except DatasetError:
+        if table is not None:
+            _discard(table, chain[-1])
+        for folder, was in reversed(list(zip(chain, existed))):
+            if was:
+                break
+            try:
+                folder.rmdir()  # only an empty one: never what another process put there meanwhile
+            except OSError:
+                break
+        raise
+
+
+def _discard(dataset: datasets.Dataset, root: Path) -> None:
+    """Remove the builder folders holding `dataset`'s Arrow files, their lock files, and empty parents."""
+    for cache_file in dataset.cache_files:
+        folder = Path(cache_file["filename"]).parent  # <root>/parquet/<config>/<version>/<hash>
+        if root not in folder.parents:
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        config, version = folder.parent.parent.name, folder.parent.name  # the builder hash is shared; these are not
+        for lock in [*folder.parent.glob(f"{folder.name}*.lock"), *root.glob(f"*_{config}_{version}_{folder.name}.lock")]:
+            lock.unlink(missing_ok=True)
+        for parent in folder.parents:
+            if parent == root:
+                break
+            try:
+                parent.rmdir()
+            except OSError:
+                break
 
 
 def cached_map(dataset: datasets.Dataset, function: Any, **kwargs: Any) -> datasets.Dataset:

@@ -7,10 +7,17 @@
 A hub id resolves to a snapshot folder of the local hub cache (`$HF_HUB_CACHE`, else `$HF_HOME/hub`,
 else `~/.cache/huggingface/hub`: huggingface_hub's layout, `models--org--name/snapshots/<commit>/`
 with `refs/<branch>` naming the commit). Where the hub is reachable the snapshot is downloaded
-first (only what a run reads: weights and tokenizer; a dataset's parquet/jsonl files of one split);
+first (only what a run reads: weights and tokenizer; a dataset's data files of one split);
 offline (`HF_HUB_OFFLINE=1`) or unreachable, the cache alone answers, and a snapshot that is not
 there fails with one line that says so (`HubError`, exit 2 on the CLI). `pin` turns an id into
 `org/name@<commit>`: runs log that, so the revision a run used is on record.
+
+A snapshot is only taken whole. huggingface_hub records the repo's file list at a commit when it
+downloads it (`<repo folder>/trees/<commit>.json`: path, size, content id); every file a run reads
+must be there at its recorded size, else the cache is completed (hub reachable) or refused naming
+the files it lacks. A cache with no file list for the commit cannot be checked and is refused the
+same way. Which files are a dataset's split is decided on that list, by the rules of `datasets`
+(ada_core/data/hub_layout.py), and `DataFiles.identity` (the digest's input) names each file read.
 
 The cache location, `HF_HUB_OFFLINE` and `HF_ENDPOINT` are read at every call (not when
 huggingface_hub was imported), and hub telemetry is off.
@@ -25,7 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from ada_core.data import hub_layout
+from ada_core.data.files import load_dataset_file
 from ada_core.errors import InputError
+from ada_core.records import Prompt
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
@@ -38,7 +48,6 @@ _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _FILE_SUFFIXES = (".parquet", ".jsonl", ".json", ".csv", ".yaml", ".yml", ".txt", ".gguf", ".safetensors")
 # What a run reads from a model repo: config, weights as safetensors, the tokenizer. Not .bin/.pt/.gguf copies.
 MODEL_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.tiktoken", "*.txt", "*.jinja"]
-DATA_SUFFIXES = (".parquet", ".jsonl")
 _TRUE = {"1", "ON", "YES", "TRUE"}
 
 
@@ -86,6 +95,11 @@ def parse_hub_id(name: str) -> HubRef | None:
     return HubRef(match["repo"], match["revision"])
 
 
+def is_commit(revision: str) -> bool:
+    """A full commit id (40 hex), which names one content for ever; a branch or tag may move."""
+    return bool(_COMMIT.match(revision))
+
+
 def hub_cache() -> Path:
     """The hub cache huggingface_hub uses, read from the environment now."""
     if os.environ.get("HF_HUB_CACHE"):
@@ -119,37 +133,85 @@ def cached_snapshot(ref: HubRef, kind: Kind) -> Snapshot | None:
     return Snapshot(ref.repo, kind, commit, path) if path.is_dir() else None
 
 
-def _holds(snapshot: Snapshot | None, patterns: list[str] | None) -> bool:
-    """The snapshot exists and has a file matching one of `patterns` (None: any snapshot will do)."""
-    if snapshot is None:
-        return False
-    if not patterns:
-        return True
-    return any(p.is_file() and any(fnmatch.fnmatch(p.relative_to(snapshot.path).as_posix(), pat) for pat in patterns)
-               for p in snapshot.path.rglob("*"))
+@dataclass(frozen=True)
+class ListedFile:
+    """One file of a repo at a commit, as the hub cache's file list records it."""
+
+    path: str
+    size: int
+    blob_id: str
+    """The git object id of its content (an LFS file's pointer names its sha256): what the file is."""
 
 
-def resolve(ref: HubRef, kind: Kind, allow_patterns: list[str] | None = None,
-            needs: list[str] | None = None) -> Snapshot:
-    """The snapshot of `ref`: from the cache for a cached commit or when offline; else downloaded.
+def file_list(snapshot: Snapshot) -> dict[str, ListedFile] | None:
+    """Path -> file of the repo at `snapshot.commit`, as huggingface_hub recorded it when it downloaded
+    that commit (`<repo folder>/trees/<commit>.json`, written by `snapshot_download`), or None."""
+    from huggingface_hub import get_cached_repo_tree
+    from huggingface_hub.errors import CachedRepoTreeNotFoundError
 
-    A cached snapshot answers without the network when `ref` is a commit and it holds a file matching
-    `needs` (None: any), or when offline. Raises `HubError` (one line) when the hub is offline or
-    unreachable and the cache lacks it, or when the hub does not know the repo or revision.
+    try:
+        files = get_cached_repo_tree(snapshot.repo, repo_type=snapshot.kind, revision=snapshot.commit,
+                                     cache_dir=str(hub_cache()))
+    except CachedRepoTreeNotFoundError:
+        return None
+    return {f.path: ListedFile(f.path, int(f.size), str(f.blob_id)) for f in files}
+
+
+def wanted(listed: dict[str, ListedFile], allow_patterns: list[str]) -> list[str]:
+    """The listed paths `allow_patterns` select, as `snapshot_download` selects what it downloads."""
+    return sorted(p for p in listed if any(fnmatch.fnmatchcase(p, pat) for pat in allow_patterns))
+
+
+def gaps(snapshot: Snapshot, allow_patterns: list[str]) -> str | None:
+    """Why the cached `snapshot` is not whole for `allow_patterns` (the file list names files it lacks, or
+    a size differs, or there is no file list to check it against); None when it is whole."""
+    listed = file_list(snapshot)
+    if listed is None:
+        return (f"the hub cache has no file list for commit {snapshot.commit} "
+                f"({repo_folder(snapshot.repo, snapshot.kind) / 'trees' / (snapshot.commit + '.json')}, which "
+                "huggingface_hub's snapshot_download writes), so whether the snapshot is whole cannot be checked")
+    missing = []
+    for path in wanted(listed, allow_patterns):
+        local = snapshot.path / path
+        if not local.is_file():
+            missing.append(path)
+        elif local.stat().st_size != listed[path].size:
+            missing.append(f"{path} ({local.stat().st_size} of {listed[path].size} bytes)")
+    if not missing:
+        return None
+    shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+    return f"the cached snapshot {snapshot.commit[:12]} lacks {len(missing)} of its files: {shown}"
+
+
+def _download_hint(ref: HubRef, kind: Kind, revision: str) -> str:
+    return (f"hf download {ref.repo}{' --repo-type dataset' if kind == 'dataset' else ''}"
+            f"{' --revision ' + revision if ref.revision else ''}")
+
+
+def resolve(ref: HubRef, kind: Kind, allow_patterns: list[str], asked: str | None = None) -> Snapshot:
+    """The snapshot of `ref`, whole for `allow_patterns`: from the cache for a cached commit or when
+    offline; else downloaded (what is there already is not fetched again).
+
+    A cached snapshot answers only when every file its commit's file list selects with
+    `allow_patterns` is there, at its recorded size; a partial one is completed where the hub is
+    reachable and refused where it is not, naming what it lacks. Raises `HubError` (one line) then,
+    when the hub is offline or unreachable and the cache lacks it, or when the hub does not know the
+    repo or revision. Errors name `asked` (the id as the user gave it), else `ref`.
     """
-    label = f"{kind} {str(ref)!r}"
+    label = f"{kind} {(asked or str(ref))!r}"
     revision = ref.revision or "main"
+    problem = None
     if _COMMIT.match(revision) or offline():
         cached = cached_snapshot(ref, kind)
-        if offline() and cached is not None or _holds(cached, needs):
+        problem = gaps(cached, allow_patterns) if cached is not None else None
+        if cached is not None and problem is None:
             return cached
         if offline():
-            raise HubError(
-                f"{label}: not a local path, and the hub is offline (HF_HUB_OFFLINE=1) with no cached snapshot of "
-                f"it in {hub_cache()}; download it where the hub is reachable (hf download {ref.repo}"
-                f"{' --repo-type dataset' if kind == 'dataset' else ''}"
-                f"{' --revision ' + revision if ref.revision else ''}) or give a local path"
-            )
+            where = (f"{problem}; the hub is offline (HF_HUB_OFFLINE=1)" if problem else
+                     f"not a local path, and the hub is offline (HF_HUB_OFFLINE=1) with no cached snapshot of it in "
+                     f"{hub_cache()}")
+            raise HubError(f"{label}: {where}; download it where the hub is reachable "
+                           f"({_download_hint(ref, kind, revision)}) or give a local path")
     from huggingface_hub import errors as hub_errors
     from huggingface_hub import snapshot_download
 
@@ -164,14 +226,39 @@ def resolve(ref: HubRef, kind: Kind, allow_patterns: list[str] | None = None,
         raise HubError(f"{label}: the hub has no revision {revision!r} of {ref.repo}") from None
     except Exception as err:  # noqa: BLE001 -- unreachable hub, offline mode set at import, a broken connection
         cached = cached_snapshot(ref, kind)
-        if cached is not None:
+        problem = gaps(cached, allow_patterns) if cached is not None else None
+        if cached is not None and problem is None:
             return cached
         reason = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
-        raise HubError(f"{label}: not a local path, not in the hub cache {hub_cache()}, and the hub could not be "
-                       f"reached ({type(err).__name__}: {reason}); download it where the hub is reachable "
-                       f"or give a local path") from None
+        where = problem or f"not a local path, not in the hub cache {hub_cache()}"
+        raise HubError(f"{label}: {where}, and the hub could not be reached ({type(err).__name__}: {reason}); "
+                       f"download it where the hub is reachable or give a local path") from None
     path = Path(path)
-    return Snapshot(ref.repo, kind, path.name, path)
+    snapshot = Snapshot(ref.repo, kind, path.name, path)
+    problem = gaps(snapshot, allow_patterns)
+    if problem is not None:  # snapshot_download fell back to a cache it could not check
+        raise HubError(f"{label}: {problem}; download it again where the hub is reachable "
+                       f"({_download_hint(ref, kind, revision)})")
+    return snapshot
+
+
+def names_pin(asked: str, pinned: str) -> bool:
+    """Whether `asked` (a value given again, e.g. on a resume) names what `pinned` (`org/name@<commit>`,
+    what a run recorded) was pinned from: the same repo, unpinned, at a branch or tag, or at that commit.
+
+    >>> names_pin("org/data", "org/data@" + "a" * 40), names_pin("org/data@main", "org/data@" + "a" * 40)
+    (True, True)
+    >>> names_pin("org/data@" + "b" * 40, "org/data@" + "a" * 40), names_pin("org/other", "org/data@" + "a" * 40)
+    (False, False)
+    """
+    if asked == pinned:
+        return True
+    was, now = parse_hub_id(pinned), parse_hub_id(asked)
+    if was is None or now is None or was.revision is None or not _COMMIT.match(was.revision):
+        return False
+    if Path(asked).expanduser().exists():
+        return False  # a local folder of that name wins over the hub id
+    return now.repo == was.repo and (now.revision is None or not _COMMIT.match(now.revision))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,11 +267,11 @@ def resolve(ref: HubRef, kind: Kind, allow_patterns: list[str] | None = None,
 
 def resolve_model_id(ref: HubRef) -> Path:
     """The snapshot folder of a hub model (weights, config and tokenizer files)."""
-    return resolve(ref, "model", MODEL_PATTERNS, needs=["config.json"]).path
+    return resolve(ref, "model", MODEL_PATTERNS).path
 
 
 # ---------------------------------------------------------------------------------------------
-# Datasets: the files of one config and split
+# Datasets: the files of one config and split (ada_core/data/hub_layout.py: as `datasets` reads them)
 
 
 @dataclass(frozen=True)
@@ -195,74 +282,59 @@ class DataFiles:
     config: str
     split: str
     files: tuple[Path, ...]
+    listed: tuple[ListedFile, ...] = ()
+    """The file list's record of each of `files`: what their content is."""
 
-
-def card_configs(card: str) -> list[dict]:
-    """The `configs:` list of a dataset card's YAML header (empty when it has none)."""
-    import yaml
-
-    if not card.startswith("---"):
-        return []
-    end = card.find("\n---", 3)
-    if end < 0:
-        return []
-    try:
-        header = yaml.safe_load(card[3:end]) or {}
-    except yaml.YAMLError:
-        return []
-    configs = header.get("configs") if isinstance(header, dict) else None
-    return [c for c in configs if isinstance(c, dict)] if isinstance(configs, list) else []
-
-
-def split_patterns(configs: list[dict], split: str | None, label: str) -> tuple[str, str, list[str]]:
-    """`(config name, split, file patterns)` of the card's default config (`default: true`, else the one
-    named `default`, else the first) and `split` (None: `train` if the config has it, else its only split)."""
-    if not configs:
-        return "default", split or "train", [f"*{suffix}" for suffix in DATA_SUFFIXES]
-    chosen = (next((c for c in configs if c.get("default") is True), None)
-              or next((c for c in configs if c.get("config_name") == "default"), None) or configs[0])
-    files = chosen.get("data_files")
-    by_split: dict[str, list[str]] = {}
-    if isinstance(files, str):
-        by_split["train"] = [files]
-    elif isinstance(files, list):
-        for item in files:
-            if isinstance(item, str):
-                by_split.setdefault("train", []).append(item)
-            elif isinstance(item, dict) and "split" in item:
-                paths = item.get("path")
-                by_split.setdefault(str(item["split"]), []).extend([paths] if isinstance(paths, str) else list(paths or []))
-    name = str(chosen.get("config_name", "default"))
-    if not by_split:
-        return name, split or "train", [f"*{suffix}" for suffix in DATA_SUFFIXES]
-    if split is None:
-        split = "train" if "train" in by_split else next(iter(by_split)) if len(by_split) == 1 else None
-        if split is None:
-            raise HubError(f"{label}: config {name!r} has splits {sorted(by_split)} and none is 'train'")
-    if split not in by_split:
-        raise HubError(f"{label}: config {name!r} has no split {split!r}; it has {sorted(by_split)}")
-    return name, split, by_split[split]
+    @property
+    def identity(self) -> str:
+        """What was read, as text: the pinned id, config, split and each file with its size and content id.
+        Two reads share it only when they read the same bytes of the same files (the digest's input)."""
+        rows = [f"hub:{self.snapshot.pinned}", f"config:{self.config}", f"split:{self.split}"]
+        rows += [f"{f.path}\x1f{f.size}\x1f{f.blob_id}" for f in self.listed]
+        return "\x1e".join(rows)
 
 
 def dataset_files(ref: HubRef, split: str | None = None) -> DataFiles:
-    """The parquet/jsonl files of `ref`'s default config and `split`, downloaded if need be."""
+    """The parquet/jsonl files of `ref`'s default config and `split` (None: `train`, else its only split),
+    chosen from the commit's file list by the rules of `datasets`, downloaded if need be and checked whole."""
     label = f"dataset {str(ref)!r}"
     card_snapshot = resolve(ref, "dataset", ["README.md"])
+    listed = file_list(card_snapshot) or {}
     card_file = card_snapshot.path / "README.md"
-    configs = card_configs(card_file.read_text(encoding="utf-8", errors="replace")) if card_file.is_file() else []
-    config, split, patterns = split_patterns(configs, split, label)
+    configs = hub_layout.card_configs(card_file.read_text(encoding="utf-8", errors="replace")) if card_file.is_file() else []
+    chosen = hub_layout.default_config(configs)
+    config = str((chosen or {}).get("config_name", "default"))
+    where = f"{label} (snapshot {card_snapshot.commit[:12]}): config {config!r}"
+    try:
+        prefix, splits = hub_layout.config_splits(chosen, sorted(listed))
+        split = hub_layout.pick_split(splits, split)
+    except hub_layout.LayoutError as err:
+        raise HubError(f"{where}: {err}") from None
+    try:
+        paths = hub_layout.split_files(prefix, splits[split], sorted(listed))
+    except hub_layout.LayoutError as err:
+        raise HubError(f"{where}, split {split!r}: {err}") from None
     pinned = HubRef(ref.repo, card_snapshot.commit)
-    snapshot = resolve(pinned, "dataset", patterns + ["README.md"], needs=patterns)
-    found = sorted(
-        p for p in snapshot.path.rglob("*")
-        if p.is_file() and any(fnmatch.fnmatch(p.relative_to(snapshot.path).as_posix(), pat) for pat in patterns)
-    )
-    usable = tuple(p for p in found if p.suffix in DATA_SUFFIXES)
-    if not usable:
-        other = f" (it has {', '.join(sorted({p.suffix or p.name for p in found}))} files)" if found else ""
-        raise HubError(f"{label}: snapshot {snapshot.commit[:12]} in {hub_cache()} has no .parquet or .jsonl files for "
-                       f"config {config!r}, split {split!r} (patterns {patterns}){other}")
-    return DataFiles(snapshot, config, split, usable)
+    snapshot = resolve(pinned, "dataset", [_literal(p) for p in paths] + ["README.md"], asked=str(ref))
+    return DataFiles(snapshot, config, split, tuple(snapshot.path / p for p in paths), tuple(listed[p] for p in paths))
+
+
+def _literal(path: str) -> str:
+    """`path` as an fnmatch pattern that matches only itself (`[` and `*` in a file name are literal)."""
+    return re.sub(r"([*?\[])", r"[\1]", path)
+
+
+def load_hub_prompts(ref: HubRef, split: str | None = None) -> list[Prompt]:
+    """Every row of a hub dataset's default config and `split` (None: `train`, else its only split), its
+    files read like local ones; ids are `<name>/<row id>`, unique over all of its files."""
+    found = dataset_files(ref, split)
+    prefix = ref.repo.split("/")[-1]
+    prompts: list[Prompt] = []
+    for file in found.files:
+        prompts.extend(load_dataset_file(file, id_prefix=prefix if len(found.files) == 1 else f"{prefix}/{file.stem}"))
+    for prompt in prompts:
+        prompt.meta.update({"hub_id": found.snapshot.pinned, "hub_split": found.split})
+    return prompts
 
 
 def pin(name: str, kind: Kind) -> str:
@@ -271,7 +343,7 @@ def pin(name: str, kind: Kind) -> str:
     if ref is None:
         return name
     if kind == "model":
-        return resolve(ref, "model", MODEL_PATTERNS, needs=["config.json"]).pinned
+        return resolve(ref, "model", MODEL_PATTERNS).pinned
     return dataset_files(ref).snapshot.pinned
 
 

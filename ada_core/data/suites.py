@@ -13,8 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ada_core.data import hub
-from ada_core.data.prompts import load_hub_prompts
-from ada_core.errors import InputError
+from ada_core.errors import ConfigError, InputError
 from ada_core.records import Prompt
 
 
@@ -71,17 +70,53 @@ def get_suite(name: str) -> Suite:
     return SUITES[name]
 
 
-def load_suite(name: str) -> list[tuple[Benchmark, list[Prompt]]]:
-    """Every benchmark of the suite with its prompts (ids `<benchmark key>/<row id>`), resolved through the hub."""
+def pin_benchmarks(name: str, given: Sequence[str] = ()) -> list[str]:
+    """Every benchmark of suite `name` as `org/name@<commit>`: as `given` pins it, else its hub id resolved
+    now (downloaded where the hub is reachable, from the cache otherwise), in the suite's order.
+
+    A run pins them when it starts, as it pins its model and data: config.yaml then records the
+    revisions it scores, a resume scores the same ones, and every evaluation of the run reads them."""
+    suite = get_suite(name)
+    try:
+        check_revisions(name, given)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    pinned = {ref.repo: text for text in given if (ref := hub.parse_hub_id(text)) is not None}
+    return [pinned.get(b.hub_id) or hub.dataset_files(hub.parse_hub_id(b.hub_id), b.split).snapshot.pinned
+            for b in suite.benchmarks]
+
+
+def load_suite(name: str, revisions: Sequence[str] = ()) -> list[tuple[Benchmark, list[Prompt]]]:
+    """Every benchmark of the suite with its prompts (ids `<benchmark key>/<row id>`), resolved through the
+    hub at the commits `revisions` pin (`pin_benchmarks`; a benchmark they leave out: at the hub's main)."""
     out = []
-    for bench in get_suite(name).benchmarks:
-        ref = hub.parse_hub_id(bench.hub_id)
-        prompts = load_hub_prompts(ref, bench.split)
+    for bench, pinned in zip(get_suite(name).benchmarks, pin_benchmarks(name, revisions)):
+        prompts = hub.load_hub_prompts(hub.parse_hub_id(pinned), bench.split)
         for p in prompts:
             p.id = f"{bench.key}/{p.id}"
             p.source = bench.key
         out.append((bench, prompts))
     return out
+
+
+def check_revisions(name: str | None, revisions: Sequence[str]) -> None:
+    """Refuse `eval_suite_revisions` entries that are not `org/name@<commit>` of a benchmark of suite `name`,
+    or that pin one benchmark twice (ValueError naming the entry)."""
+    if not revisions:
+        return
+    if name is None:
+        raise ValueError("eval_suite_revisions pins the benchmarks of eval_suite, and eval_suite is null")
+    repos = [b.hub_id for b in get_suite(name).benchmarks]
+    seen: set[str] = set()
+    for text in revisions:
+        ref = hub.parse_hub_id(text)
+        if ref is None or ref.revision is None or not hub.is_commit(ref.revision):
+            raise ValueError(f"eval_suite_revisions: {text!r} is not a hub id pinned to a commit (org/name@<40 hex>)")
+        if ref.repo not in repos:
+            raise ValueError(f"eval_suite_revisions: {ref.repo} is no benchmark of suite {name!r} ({', '.join(repos)})")
+        if ref.repo in seen:
+            raise ValueError(f"eval_suite_revisions: {ref.repo} is pinned twice")
+        seen.add(ref.repo)
 
 
 def metric_key(bench_key: str, what: str = "avg_at_k") -> str:

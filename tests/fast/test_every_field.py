@@ -33,7 +33,7 @@ import torch
 
 from ada_core.config import TrainConfig, build_config
 from ada_core.config.applies import RUN_FACTS, applicability, leaf_fields
-from ada_core.protocols import SamplingParams
+from ada_core.protocols import RolloutEngine, SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
 ADA = {"preset": "ada-balance"}
@@ -116,6 +116,10 @@ EFFECTS: dict[str, tuple[str, dict[str, Any], Any]] = {
     "data.train_size": ("data", {}, 40),
     "data.eval_size": ("data", {}, 4),
     "data.train_pool": ("data", {}, 5),
+    "data.seed": ("data", {}, 3),
+    "data.val_size": ("data", {}, 16),
+    "sft.prompts": ("sft_draw", {"sft_steps": 1}, 300),
+    "sft.carry_slip": ("sft_draw", {"sft_steps": 1}, 0.5),
     "data.max_prompt_tokens": ("encode", {}, 6),
     "data.curation_k": ("curation", {}, 2),
     "data.pass_rate_ceiling": ("curation", {}, 0.2),
@@ -134,6 +138,8 @@ EFFECTS: dict[str, tuple[str, dict[str, Any], Any]] = {
     "rollout.vllm.concurrency": ("vllm_engine", VLLM, 3),
     "rollout.vllm.request_timeout_s": ("vllm_engine", VLLM, 5.0),
     "rollout.vllm.sync_dir": ("vllm_engine", VLLM, "<tmp>"),
+    # a step's answer checking
+    "verifier.step_budget_s": ("verifier", {}, 0.5),
     # the prompt ledger; the rank placement
     "ledger.enabled": ("ledger", {}, False),
     "ledger.url": ("ledger", {}, "sqlite:///<tmp>/other.db"),
@@ -145,12 +151,16 @@ EFFECTS: dict[str, tuple[str, dict[str, Any], Any]] = {
 
 ELSEWHERE = {
     "eval_suite": "tests/flows/test_hub_flows.py::test_a_train_flow_named_by_hub_ids_trains_and_logs_their_commits",
+    "eval_suite_revisions": "tests/flows/test_hub_flows.py::test_a_killed_hub_train_flow_resumes_at_the_commits_it_pinned",
     "model": "tests/flows/test_hub_flows.py::test_a_train_flow_named_by_hub_ids_trains_and_logs_their_commits",
     "sft_steps": "tests/model/test_models.py::test_sft_learns_and_is_cached",
+    "sft.lr": "tests/model/test_models.py::test_the_sft_section_reaches_the_warm_start",
+    "sft.batch_size": "tests/model/test_models.py::test_the_sft_section_reaches_the_warm_start",
     "rollout.engine": "tests/services/test_vllm.py::test_a_few_steps_train_with_the_vllm_engine",
     "rollout.vllm.base_url": "tests/services/test_vllm.py::test_a_few_steps_train_with_the_vllm_engine",
     "rollout.vllm.base_urls": "tests/services/test_vllm_pool.py::test_an_async_streaming_run_goes_on_when_a_server_dies_mid_stream",
     "rollout.async_steps": "tests/services/test_async_rollout.py::test_async_steps_1_trains_with_each_sampler",
+    "rollout.partial_rollout": "tests/services/test_partial_rollout.py::test_a_sample_in_flight_at_a_weight_load_spans_two_versions_each_with_its_own_logprobs",
     "rollout.vllm.num_servers": "tests/services/test_vllm_pool.py::test_two_servers_share_a_round_and_both_take_the_new_weights",
     "distributed.ray_address": "tests/services/test_driver_death.py::test_a_ray_address_where_no_cluster_answers_is_one_line_and_exit_2",
     "distributed.startup_timeout_s": "tests/services/test_distributed.py::test_ranks_that_cannot_be_placed_are_a_clear_error",
@@ -184,8 +194,15 @@ def configs(name: str, tmp_path: Path) -> tuple[TrainConfig, TrainConfig]:
     preset = base.pop("preset", "grpo")
     if isinstance(value, str):
         value = value.replace("<tmp>", str(tmp_path))
-    return (build_config(preset, "tiny", overrides=nested(base)),
-            build_config(preset, "tiny", overrides=nested({**base, name: value})))
+    facts = facts_for(name)
+    return (build_config(preset, "tiny", overrides=nested(base), facts=facts),
+            build_config(preset, "tiny", overrides=nested({**base, name: value}), facts=facts))
+
+
+def facts_for(name: str) -> dict[str, Any]:
+    """The run facts of `name`'s probe runs: they curate (the curation probe does), on the probe's device."""
+    probe = EFFECTS[name][0]
+    return {"run.curate": True, "run.device": "cuda" if probe.endswith("_on_gpu") else "cpu"}
 
 
 # --- the probes -------------------------------------------------------------------------------------
@@ -273,7 +290,7 @@ def probe_optim(cfg: TrainConfig, tmp_path: Path):
 
 
 @dataclass
-class _Recorded:
+class _Recorded(RolloutEngine):
     """The Bernoulli engine, recording what each generate() call asked for."""
 
     calls: list = field(default_factory=list)
@@ -332,15 +349,22 @@ def probe_prune(cfg: TrainConfig, tmp_path: Path):
 def probe_data(cfg: TrainConfig, tmp_path: Path):
     from ada_core.data import run_split
 
-    train, held_out = run_split(cfg.data, cfg.seed)
-    return [p.id for p in train], [p.id for p in held_out]
+    train, held_out, validation = run_split(cfg.data, cfg.seed)
+    return [p.id for p in train], [p.id for p in held_out], [p.id for p in validation]
+
+
+def probe_sft_draw(cfg: TrainConfig, tmp_path: Path):
+    from ada_core.data import warm_start_prompts
+
+    draw = warm_start_prompts(cfg.data.dataset, [], cfg.seed, size=cfg.sft.prompts, carry_slip=cfg.sft.carry_slip)
+    return len(draw), [(p.text, p.answer) for p in draw[:200]]
 
 
 def probe_encode(cfg: TrainConfig, tmp_path: Path):
     from ada_core.data import generate_prompts
     from ada_core.errors import DatasetError
     from ada_core.models.build import build_tiny_tokenizer
-    from ada_core.training.loop import _encode_within_limit
+    from ada_core.training.state import _encode_within_limit
 
     prompts = generate_prompts("arithmetic", 12, seed=0)
     try:
@@ -413,8 +437,20 @@ def probe_vllm_engine(cfg: TrainConfig, tmp_path: Path):
         engine.close()
 
 
+def probe_verifier(cfg: TrainConfig, tmp_path: Path):
+    """A step's answer checking (`rollout_step` wraps the run's verifier so): an answer that never returns
+    (a power tower) is cut by the per-answer timeout (1 s here), or sooner by a smaller step budget."""
+    from ada_core.records import Prompt
+    from ada_core.rl.rewards import MathVerifier, StepBudget
+
+    if "verifier_1s" not in _SHARED:
+        _SHARED["verifier_1s"] = MathVerifier(timeout_s=1.0)  # closed at the module's end
+    verifier = StepBudget(_SHARED["verifier_1s"], cfg.verifier.step_budget_s)
+    return [v.status.value for v in verifier.verify([(Prompt(id="q", text="?", answer="1"), r"\boxed{9^{9^{9^{9^{9}}}}}")])]
+
+
 def probe_ledger(cfg: TrainConfig, tmp_path: Path):
-    from ada_core.training.loop import _start_ledger
+    from ada_core.training.state import _start_ledger
 
     run = tmp_path / f"ledger-{len(list(tmp_path.iterdir()))}"
     run.mkdir()
@@ -428,7 +464,7 @@ def probe_ledger(cfg: TrainConfig, tmp_path: Path):
 
 
 def probe_placement(cfg: TrainConfig, tmp_path: Path):
-    from ada_core.engines.rank_group import placement
+    from ada_core.engines.rank_worker import placement
 
     return placement(cfg.distributed)
 
@@ -441,8 +477,9 @@ _DETERMINISTIC: set[str] = set()  # probes already seen to give the same answer 
 @pytest.fixture(scope="module", autouse=True)
 def _close_shared():
     yield
-    if "verifier" in _SHARED:
-        _SHARED.pop("verifier").close()
+    for name in ("verifier", "verifier_1s"):
+        if name in _SHARED:
+            _SHARED.pop(name).close()
 
 
 # --- the walk ---------------------------------------------------------------------------------------
@@ -479,7 +516,7 @@ def test_each_field_changes_what_a_run_does(name, tmp_path, monkeypatch):
     probe, _, _ = EFFECTS[name]
     base, changed = configs(name, tmp_path)
     rule = applicability(TrainConfig)[name]
-    facts = {"run.curate": True, "run.device": "cuda" if probe.endswith("_on_gpu") else "cpu"}
+    facts = facts_for(name)
     assert rule.holds(base, facts), f"{name}: EFFECTS' base config is one where it does not apply ({rule})"
     first = PROBES[probe](base, tmp_path)
     if probe not in _DETERMINISTIC:  # once per probe: the same config twice gives the same answer

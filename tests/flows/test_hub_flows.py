@@ -6,15 +6,20 @@ hub ids trains on them and logs their commits, and `evaluate` scores the suite a
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
+import yaml
 from mlflow import MlflowClient
 from support import dataset_card, put_in_hub_cache
+from test_resume_flows import run_until_killed
 from typer.testing import CliRunner
 
+from ada_core.run.files import CONFIG, RUN_INFO, read_metrics
+
 from flows import tracking
-from flows.params import EvaluateParams, TrainParams
+from flows.params import CompareParams, EvaluateParams, TrainParams
 
 pytestmark = pytest.mark.slow
 
@@ -94,12 +99,15 @@ def test_a_train_flow_named_by_hub_ids_trains_and_logs_their_commits(hub):
     assert run.data.tags["ada.model_revision"] == run.data.params["model"] == f"ada-test/tiny@{commits['model']}"
     assert run.data.tags["ada.dataset_revision"] == f"ada-test/arithmetic@{commits['dataset']}"
     sources = {i.dataset.name: i.dataset for i in run.inputs.dataset_inputs}
-    assert set(sources) == {"ada-test/arithmetic:training", "ada-test/arithmetic:evaluation"}
-    for dataset in sources.values():
+    keys = ("math500", "minerva_math", "olympiad_bench", "aime_like")
+    suite = {f"{repo}:{key}": repo for repo, key in zip(SUITE_FILES, keys)}  # the suite's benchmarks, pinned too
+    assert set(sources) == {"ada-test/arithmetic:training", "ada-test/arithmetic:evaluation", *suite}
+    for name, dataset in sources.items():
         source = json.loads(dataset.source)
+        repo = suite.get(name, "ada-test/arithmetic")
         assert dataset.source_type == "hugging_face"
-        assert (source["path"], source["split"], source["revision"]) == ("ada-test/arithmetic", "train",
-                                                                         commits["dataset"])
+        assert (source["path"], source["split"], source["revision"]) == (repo, "train", commits[suite.get(name, "dataset")])
+    assert run.data.params["eval_suite_revisions"] == str([f"{repo}@{commits[repo]}" for repo in SUITE_FILES])
     weighted = client.get_metric_history(result["run_id"], "eval_suite/weighted/avg_at_k")
     assert [m.step for m in weighted] == [0, 1]
     assert client.get_metric_history(result["run_id"], "eval_suite/math500/prompts")[0].value == 3
@@ -139,3 +147,105 @@ def test_the_cli_evaluates_a_suite_by_hub_ids(hub, tmp_path):
     assert result.exit_code == 0, result.output
     assert "| Model | Math500 | Minerva Math | Olympiad Bench | AIME-like | Weighted Average |" in result.stdout
     assert "avg@1 accuracy (%) at temperature 1 with at most 4 generated tokens" in result.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# Runs named by hub ids resume as the same run, at the commits they pinned
+
+@pytest.fixture
+def killable(hub, monkeypatch):
+    """What a flow killed in a child process needs: the harness's API, one torch thread."""
+    from prefect.settings import PREFECT_API_URL
+
+    monkeypatch.setenv("PREFECT_API_URL", PREFECT_API_URL.value())  # the killed child reports to the harness
+    monkeypatch.setenv("ADA_TORCH_THREADS", "1")
+    return hub
+
+
+@pytest.fixture
+def hub_moves_on(hub):
+    """`move(repo, files)`: a new commit of a dataset at `main` (the hub moved on after a run pinned it);
+    every moved ref is put back afterwards, for the module's other tests."""
+    cache = Path(os.environ["HF_HOME"]) / "hub"
+    moved = []
+
+    def move(repo: str, files: dict) -> str:
+        moved.append(repo)
+        return put_in_hub_cache(cache, "dataset", repo, files)
+
+    yield move
+    commits, _ = hub
+    for repo in moved:
+        key = "dataset" if repo == "ada-test/arithmetic" else repo
+        (cache / f"datasets--{repo.replace('/', '--')}" / "refs" / "main").write_text(commits[key])
+
+
+def hub_revisions(run) -> dict[str, str]:
+    """MLflow dataset input name -> the commit its Hugging Face source names."""
+    return {i.dataset.name: json.loads(i.dataset.source)["revision"] for i in run.inputs.dataset_inputs
+            if i.dataset.source_type == "hugging_face"}
+
+
+def test_a_killed_hub_train_flow_resumes_at_the_commits_it_pinned(killable, hub_moves_on, tmp_path):
+    """A run whose model, dataset and suite are hub ids is killed; the hub moves on (new commits at `main`);
+    resumed with the same parameters it is the same run, and reads and scores what it pinned at its start."""
+    from flows.train import train
+
+    commits, client = killable
+    params = {"preset": "grpo", "steps": 4, "prompts_per_step": 4, "curate": False, "experiment": "flows-hub-resume",
+              "overrides": {**SHORT, "eval_every": 2, "checkpoint_every": 2}}
+    killed = tmp_path / "killed"
+    run_until_killed("train", {**params, "output_dir": str(killed)}, "killed", "checkpoint", 2, tmp_path / "child.log")
+    saved = (killed / CONFIG).read_text()
+    config = yaml.safe_load(saved)
+    assert config["model"] == f"ada-test/tiny@{commits['model']}"
+    assert config["data"]["dataset"] == f"ada-test/arithmetic@{commits['dataset']}"
+    assert config["eval_suite_revisions"] == [f"{repo}@{commits[repo]}" for repo in SUITE_FILES]
+    rows = [{"id": f"n{i}", "text": f"{i}+1=", "answer": str(i + 1)} for i in range(48)]
+    hub_moves_on("ada-test/arithmetic", {"README.md": dataset_card({"train": "data/train-*"}),
+                                         "data/train-00000-of-00001.jsonl": "".join(json.dumps(r) + "\n" for r in rows)})
+    hub_moves_on("weqweasdas/math500", {"README.md": dataset_card({"train": "data/train-*.jsonl"}),
+                                        "data/train-0.jsonl": '{"problem": "1+1=", "answer": "2"}\n'})
+
+    run_id = json.loads((killed / RUN_INFO).read_text())["mlflow_run_id"]
+    result = train(TrainParams(**params, resume=run_id))
+    run = client.get_run(run_id)
+    assert result["run_id"] == run_id and run.info.status == "FINISHED"
+    assert run.data.tags["ada.resumed_from"] == "step_000002" and "ada.resume_changes" not in run.data.tags
+    assert (killed / CONFIG).read_text() == saved
+    assert [r["step"] for r in read_metrics(killed) if "time/step_s" in r] == [1, 2, 3, 4]
+    keys = ("math500", "minerva_math", "olympiad_bench", "aime_like")
+    assert hub_revisions(run) == {
+        "ada-test/arithmetic:training": commits["dataset"], "ada-test/arithmetic:evaluation": commits["dataset"],
+        **{f"{repo}:{key}": commits[repo] for repo, key in zip(SUITE_FILES, keys)}}
+    math500 = client.get_metric_history(run_id, "eval_suite/math500/prompts")
+    assert [(m.step, m.value) for m in math500] == [(0, 3), (2, 3), (4, 3)]  # the pinned 3, not main's 1
+
+
+def test_a_killed_compare_of_hub_ids_with_a_curated_child_resumes(killable, tmp_path, ada_home):
+    """A compare whose model and dataset are hub ids, its child curated first, is killed mid-child and
+    resumed: the child's request names the ids unpinned, its config the curated set from the pinned ones."""
+    from flows.compare import compare
+
+    commits, client = killable
+    overrides = {k: v for k, v in SHORT.items() if k != "eval_suite"}
+    params = {"variants": ["grpo"], "matched_grpo": False, "steps": 4, "prompts_per_step": 4, "curate": True,
+              "experiment": "flows-hub-compare", "overrides": {
+                  **overrides, "eval_every": 2, "checkpoint_every": 2, "data.curation_k": 2,
+                  "data.keep_pass_rate": [0.0, 1.0]}}
+    runs = ada_home / "runs"
+    existing = set(runs.glob("compare-*")) if runs.exists() else set()
+    run_until_killed("compare", params, "grpo-s0", "checkpoint", 2, tmp_path / "child.log")
+    [group] = set(runs.glob("compare-*")) - existing
+    child = group / "grpo-s0"
+    child_run = json.loads((child / RUN_INFO).read_text())["mlflow_run_id"]
+    curation = json.loads((Path(yaml.safe_load((child / CONFIG).read_text())["data"]["dataset"]) / "curation.json")
+                          .read_text())
+    assert curation["inputs"]["model"] == f"ada-test/tiny@{commits['model']}"
+
+    summary = compare(CompareParams(**params, resume=str(group)))
+    assert [c["run_id"] for c in summary["children"]] == [child_run] and summary["failures"] == []
+    run = client.get_run(child_run)
+    assert run.info.status == "FINISHED" and run.data.tags["ada.resumed_from"] == "step_000002"
+    assert run.data.tags["ada.model_revision"] == f"ada-test/tiny@{commits['model']}"
+    assert [r["step"] for r in read_metrics(child) if "time/step_s" in r] == [1, 2, 3, 4]
