@@ -37,6 +37,9 @@ Device and precision follow DeepSpeed's accelerator (CUDA when torch sees a GPU,
 policy's dtype), and `optim.precision=bf16` turns on
 DeepSpeed's bf16 mode, which casts the shared model to bfloat16 (so the in-process rollout engine
 samples in bf16 too) and keeps fp32 master weights in the optimizer.
+
+Beside the engine: its state file and reference policy (update_state.py), how its process group
+meets and on which interface (rendezvous.py).
 """
 
 from __future__ import annotations
@@ -45,25 +48,22 @@ import inspect
 import logging
 import os
 import socket
-import sys
-import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import torch
 
 from ada_core.config import LossConfig, OptimConfig
 from ada_core.rl.losses import effective_mask, gather_logprobs, ppo_clip_loss, token_entropy
-from ada_core.errors import InputError
+from ada_core.engines.rendezvous import rendezvous_method
 from ada_core.engines.update_plan import (DIAGNOSTICS, Denominators, flatten, local_steps, plan_update,
                                           update_metrics, zero_metrics)
+from ada_core.engines.update_state import STATE_FILE, check_world_size, load_state, optimizer_state, save_state
 from ada_core.protocols import UpdateEngine
 from ada_core.records import Group
 
 log = logging.getLogger(__name__)
 
-_STATE_FILE = "update_engine.pt"
 _DIAGNOSTICS = DIAGNOSTICS
 
 
@@ -174,14 +174,14 @@ class DeepSpeedUpdateEngine(UpdateEngine):
             "precision": self.optim_cfg.precision,
             "world_size": self.world_size,
         }
-        save_state(state, directory / _STATE_FILE)
+        save_state(state, directory / STATE_FILE)
         return directory
 
     def load(self, directory: str | Path, every_rank: list[str | Path] | None = None) -> None:
         """Restore `save`'s state from `directory`. In a world of N ranks, `every_rank` lists the N
         ranks' folders in rank order: ZeRO picks this rank's partition from the list (and merges them
         when the partitioning changed)."""
-        path = Path(directory) / _STATE_FILE
+        path = Path(directory) / STATE_FILE
         if not path.is_file():
             raise FileNotFoundError(f"no update-engine state at {path}")
         state = load_state(path)
@@ -199,7 +199,7 @@ class DeepSpeedUpdateEngine(UpdateEngine):
             # weights rather than re-deriving them from the (bf16) module weights
             folders = [Path(p) for p in every_rank] if every_rank is not None else [Path(directory)]
             partitions = [state["optimizer"] if f == Path(directory) else
-                          load_state(f / _STATE_FILE)["optimizer"] for f in folders]
+                          load_state(f / STATE_FILE)["optimizer"] for f in folders]
             self.optimizer.load_state_dict(partitions, load_optimizer_states=True, load_from_fp32_weights=True)
         self.scheduler.load_state_dict(state["scheduler"])
         self.engine.global_steps = state["global_steps"]
@@ -321,106 +321,9 @@ def collate(seqs: list[dict], pad_token_id: int, device: torch.device | str = "c
     return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in out.items()}
 
 
-class UnsafeStateError(InputError, ValueError):
-    """A state file that holds more than tensors and plain values: it is not unpickled (that could run code)."""
-
-
-# Keys of DeepSpeed's ZeRO and bf16 optimizer state that hold Python objects its `load_state_dict` does
-# not need: the loss scaler (a static scale of 1 in fp32 and bf16, which the optimizer re-creates when
-# it is built and keeps when the key is absent) and the parameter slice mappings (read only by
-# DeepSpeed's offline universal-checkpoint conversion).
-_OBJECT_KEYS = ("loss_scaler", "param_slice_mappings")
-
-
-def optimizer_state(optimizer) -> dict:
-    """The optimizer's state dict without `_OBJECT_KEYS`, so `save_state` can write it."""
-    return {k: v for k, v in optimizer.state_dict().items() if k not in _OBJECT_KEYS}
-
-
-def plain(value, where: str = "state"):
-    """`value` as tensors, numbers, strings, None and lists, tuples and dicts of them: what
-    `torch.load(weights_only=True)` reads back without running code. Enums (DeepSpeed's ZeRO stage)
-    become their values; anything else is a TypeError naming where it is."""
-    import enum
-
-    if value is None or isinstance(value, torch.Tensor | bool | str):
-        return value
-    if isinstance(value, enum.Enum):
-        return plain(value.value, where)
-    if isinstance(value, int | float):
-        return value
-    if isinstance(value, dict):
-        out = {}
-        for key, item in value.items():
-            if not isinstance(key, str | int):
-                raise TypeError(f"{where}: key {key!r} is a {type(key).__name__}, not a str or int")
-            out[key] = plain(item, f"{where}.{key}")
-        return out
-    if isinstance(value, list | tuple):
-        return type(value)(plain(item, f"{where}[{i}]") for i, item in enumerate(value))
-    raise TypeError(f"{where}: a {type(value).__module__}.{type(value).__name__} is not a tensor or plain value")
-
-
-def save_state(state: dict, path: Path) -> None:
-    """`state` (see `plain`) to `path` with torch.save; `load_state` reads it with weights_only=True."""
-    torch.save(plain(state), path)
-
-
-def load_state(path: Path):
-    """A file `save_state` wrote, read with `torch.load(weights_only=True)`: tensors and plain values only.
-    A file that needs more (one written before checkpoints were tensors-only, or not by this platform)
-    is refused with `UnsafeStateError` rather than unpickled."""
-    import pickle
-
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UnsafeStateError(
-            f"{path} holds Python objects besides tensors and plain values, so it is not loaded (unpickling it "
-            "could run code): it was written before checkpoints were tensors-only, or not by this platform. "
-            f"Start the run again from its config, or from its checkpoint's hf/ weights ({first})") from None
-
-
-def load_reference(reference_dir: str | Path):
-    """The frozen reference policy in `reference_dir` (float32 on the CPU; the engine moves and casts it)."""
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32).eval().requires_grad_(False)
-
-
-def check_world_size(path: Path, saved: int, current: int) -> None:
-    """Refuse optimizer state saved by another number of ranks: ZeRO partitions it by rank, and even
-    replicated state would resume on another data split."""
-    if saved != current:
-        raise ValueError(f"{path} was saved by {saved} training rank(s), but distributed.num_ranks={current}: "
-                         f"resume with distributed.num_ranks={saved}")
-
-
 def _grad_norm(module) -> float:
     grads = [p.grad for p in module.parameters() if p.grad is not None]
     return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
-
-
-# Set by RankGroup when every rank runs on one machine: the name of the ranks' shared rendezvous file.
-RENDEZVOUS_ENV = "ADA_DIST_RENDEZVOUS"
-
-
-def rendezvous_method() -> str | None:
-    """How this process joins its process group: `file://` (torch's FileStore) when every rank is on this
-    machine, None (DeepSpeed's `env://`: a TCPStore on MASTER_ADDR:MASTER_PORT) across machines.
-
-    torch's TCPStore listens on every interface (`::`), whatever MASTER_ADDR says, so a plain
-    1-rank run opened a port to the network; a file store opens none. On Linux gloo's own
-    connections are then held to loopback (GLOO_SOCKET_IFNAME=lo, unless set). MASTER_ADDR and
-    MASTER_PORT stay set: DeepSpeed's CPU shm all-reduce names its segments after them."""
-    name = os.environ.get(RENDEZVOUS_ENV)
-    if name is None and os.environ["WORLD_SIZE"] != "1":
-        return None  # ranks on several machines (or launched by something else): its rendezvous
-    if sys.platform.startswith("linux"):
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    path = Path(tempfile.gettempdir()) / (name or f"ada-dist-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    return f"file://{path}"  # the store removes the file once its last member is gone
 
 
 def optimizer_and_config(model, optim_cfg: OptimConfig):

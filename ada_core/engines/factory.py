@@ -29,7 +29,8 @@ def build_update_engine(config, model, model_dir: Path, pad_token_id: int, log_d
 
     With `loss.kl_coef > 0`, `reference_dir` is the frozen reference policy's folder (the run's initial
     weights, ada_core/run/reference.py): every rank loads it and the engine moves it to its device."""
-    from ada_core.engines.deepspeed_engine import DeepSpeedUpdateEngine, load_reference
+    from ada_core.engines.deepspeed_engine import DeepSpeedUpdateEngine
+    from ada_core.engines.update_state import load_reference
 
     if config.loss.kl_coef > 0 and reference_dir is None:
         raise ValueError(f"loss.kl_coef={config.loss.kl_coef:g} needs the reference policy's folder (reference_dir)")
@@ -147,7 +148,7 @@ def engine_kwargs(config) -> dict[str, Any]:
     """`VLLMRolloutEngine`'s settings from `config.rollout.vllm` (one per server of a pool)."""
     v = config.rollout.vllm
     return dict(concurrency=v.concurrency, request_timeout_s=v.request_timeout_s, sync_root=v.sync_dir,
-                sleep_during_update=v.sleep_during_update)
+                sleep_during_update=v.sleep_during_update, partial=config.rollout.partial_rollout)
 
 
 def _server(config, model_dir: Path, log_path: Path, port: int, python: str | Path | None = None,

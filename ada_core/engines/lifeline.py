@@ -11,17 +11,20 @@ same way, so the watcher also sweeps up whatever a clean shutdown left.
 
 Two marks, because neither finds every process alone:
 - `watch(pids)`: the driver writes the processes it knows of now into the pipe, each with its start
-  time, so a pid reused by another process later is never killed. Ray's own servers die with the
+  time, so a pid reused by another process later is never killed (each kill goes through a pidfd
+  opened before the start time is checked: ada_core/processes.py). Ray's own servers die with the
   driver (a parent-death signal) and orphan their children at once, so the tree cannot be walked
   after the death; `RankGroup` sends the local Ray's process tree (its agents included) once Ray is
   up and again once the ranks are.
-- the tag: `start_ray` puts it in the environment only while `ray.init` starts a local cluster, so
-  every worker its raylet starts, later ones included, inherits it and nothing else does. It does
+- the tag: `start_ray` gives it to the processes Ray starts for a local cluster (their own
+  environment, never the driver's), so every worker its raylet starts, later ones included,
+  inherits it and nothing else does. It does
   not mark every process: Ray's agents retitle themselves (setproctitle), which zeroes the
   environment /proc shows, hence the list. The tag is a fresh random value per driver.
 
 No SIGTERM first: the driver is gone and the run cannot continue, so nothing these processes hold is
-worth a grace period. Stdlib only: the watcher runs by path, without importing ada_core.
+worth a grace period. The watcher runs by path and imports nothing of ada_core but the stdlib-only
+ada_core.processes (found through the PYTHONPATH it is started with).
 """
 
 from __future__ import annotations
@@ -36,8 +39,11 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+from ada_core.processes import signal_process, start_time
+
 TAG_ENV = "ADA_LIFELINE"
 _SWEEP_S = 10.0  # keep sweeping this long while tagged processes remain (a dying worker may fork)
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding this ada_core, for the watcher
 
 
 class Lifeline:
@@ -48,10 +54,11 @@ class Lifeline:
         self.tag = uuid.uuid4().hex
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         read_end, self._write_end = os.pipe()  # both non-inheritable: only the watcher gets the read end
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))}
         try:
             with open(log_path, "ab") as log:
                 self.process: subprocess.Popen | None = subprocess.Popen(
-                    [sys.executable, __file__, str(read_end), self.tag, *map(str, paths)],
+                    [sys.executable, __file__, str(read_end), self.tag, *map(str, paths)], env=env,
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, pass_fds=(read_end,),
                     start_new_session=True)  # Ctrl-C at the terminal goes to the driver, not the watcher
         except BaseException:
@@ -67,7 +74,7 @@ class Lifeline:
     def watch(self, pids: Sequence[int]) -> None:
         """Have these processes killed too (those still the same process: pid and start time)."""
         if self.process is not None:
-            lines = "".join(f"{pid} {start}\n" for pid in pids if (start := _start_time(pid)) is not None)
+            lines = "".join(f"{pid} {start}\n" for pid in pids if (start := start_time(pid)) is not None)
             os.write(self._write_end, lines.encode())
 
     def close(self, timeout: float = _SWEEP_S + 5) -> None:
@@ -124,16 +131,12 @@ def sweep(tag: str, watched: dict[int, int], paths: Sequence[str]) -> tuple[int,
     killed: set[int] = set()
     deadline = time.monotonic() + _SWEEP_S
     while time.monotonic() < deadline:
-        pids = [p for p, start in watched.items() if _start_time(p) == start] + tagged(tag)
-        pids = [p for p in set(pids) if _running(p)]
-        if not pids:
+        targets = {p: start for p, start in watched.items() if start_time(p) == start}
+        targets.update((p, start) for p in tagged(tag) if (start := start_time(p)) is not None)
+        targets = {p: start for p, start in targets.items() if _running(p)}
+        if not targets:
             break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed.add(pid)
-            except ProcessLookupError:
-                pass
+        killed.update(p for p, start in targets.items() if signal_process(p, start, signal.SIGKILL))
         time.sleep(0.1)
     removed = []
     for path in paths:
@@ -144,15 +147,6 @@ def sweep(tag: str, watched: dict[int, int], paths: Sequence[str]) -> tuple[int,
                 os.unlink(path)
             removed.append(path)
     return len(killed), removed
-
-
-def _start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (with the pid, it names one process)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return int(fh.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def _running(pid: int) -> bool:

@@ -9,16 +9,17 @@ ranks. Built in one place (`RankGroup.__init__`), torn down in one place (`close
    the cluster at that address (ray_cluster.start_ray). A Ray this group started is stopped by `close`, or, if the driver
    dies first (SIGKILL included), within a second by a lifeline watcher (lifeline.py) that kills
    every process of that Ray and removes the group's /dev/shm folder.
-2. One placement group of `num_ranks` bundles (`cpus_per_rank`, `gpus_per_rank`), placed with
-   `placement_strategy`; a group that cannot be placed within `startup_timeout_s` is an error that
-   shows the cluster's resources.
-3. One actor per bundle. Rank 0 picks the rendezvous port on its node; every rank gets RANK,
-   WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, then builds its own DeepSpeedUpdateEngine
+2. One placement group of `num_ranks` bundles (`cpus_per_rank`, `gpus_per_rank`: rank_worker.placement),
+   placed with `placement_strategy`; a group that cannot be placed within `startup_timeout_s` is an
+   error that shows the cluster's resources.
+3. One `RankWorker` actor (rank_worker.py) per bundle. Rank 0 picks the rendezvous port on its node;
+   every rank gets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, then builds its own DeepSpeedUpdateEngine
    (gloo on CPU, nccl on CUDA), with the frozen reference policy loaded from `reference_dir` when
    `loss.kl_coef > 0` (the run's initial weights; like the model folder, on a shared file system).
    With every rank on one machine they meet in a file store there and torch listens on loopback
-   alone (`ADA_DIST_RENDEZVOUS`, deepspeed_engine.rendezvous_method); across machines, on rank 0's
-   node IP (a TCPStore). Each rank's stdout and stderr go to `<log_dir>/rank_<r>.log`.
+   alone (`ADA_DIST_RENDEZVOUS`, rendezvous.rendezvous_method); across machines, on rank 0's
+   node IP (a TCPStore), each rank's gloo/NCCL sockets on the interface that reaches it. Each rank's
+   stdout and stderr go to `<log_dir>/rank_<r>.log`.
 
 An update is two rounds of actor calls: every rank recomputes the old log-probs of its share of the
 step's sequences, then every rank runs the planned optimizer steps (`update_plan`) on its share of
@@ -32,17 +33,16 @@ rank would draw.
 
 `module` is the driver's copy of the model, refreshed from rank 0 (through a file in /dev/shm)
 when an update has changed the weights since: the checkpoint's `save_pretrained` and the vLLM weight
-sync read it. With ranks on other machines, rank 0 must share the driver's file system (PACK puts
-it on the first node; infra/GPU.md).
+sync read it. Rank 0 is therefore always placed on the driver's node (bundle 0 asks for a share of
+that node's `node:<ip>` resource, whatever `placement_strategy`). Across nodes each rank's gloo/NCCL
+traffic goes through the interface that reaches rank 0's address (rendezvous.route_interface),
+and a rank that is lost is named with its node's IP (`rank_hosts`).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import shutil
-import socket
-import sys
 import tempfile
 import time
 import uuid
@@ -52,15 +52,16 @@ from typing import Any
 
 import torch
 
-from ada_core.engines.deepspeed_engine import (RENDEZVOUS_ENV, _STATE_FILE, DeepSpeedUpdateEngine, check_world_size,
-                                              load_reference, load_state, save_state)
+from ada_core.engines.rank_worker import NODE_PIN, RankWorker, driver_node_ip, placement
+from ada_core.engines.rendezvous import RENDEZVOUS_ENV
 from ada_core.engines.update_plan import (balance_by_tokens, flatten, local_steps, plan_update, update_metrics,
                                           zero_metrics)
 from ada_core.engines.lifeline import Lifeline, descendants
 from ada_core.engines.ray_cluster import start_ray
+from ada_core.engines.update_state import STATE_FILE, check_world_size, load_state, save_state
 from ada_core.errors import RunFailure
 from ada_core.protocols import SamplingParams, UpdateEngine
-from ada_core.records import Group, Prompt, Sample
+from ada_core.records import Group
 
 log = logging.getLogger(__name__)
 
@@ -70,86 +71,6 @@ _LOG_TAIL_LINES = 30
 class RankError(RunFailure):
     """A training rank died, raised, or did not answer. The first line (`summary`, what the CLI prints)
     names the rank and its log; the lines after it hold the log's tail."""
-
-
-def placement(distributed) -> tuple[list[dict[str, float]], str]:
-    """The placement group's bundles (one per rank: `cpus_per_rank`, `gpus_per_rank`) and strategy."""
-    bundle = {"CPU": distributed.cpus_per_rank,
-              **({"GPU": distributed.gpus_per_rank} if distributed.gpus_per_rank > 0 else {})}
-    return [dict(bundle) for _ in range(distributed.num_ranks)], distributed.placement_strategy
-
-
-class RankWorker:
-    """One training rank (a Ray actor): a DeepSpeedUpdateEngine in world `world_size`, and an
-    in-process rollout engine on the same weights."""
-
-    def __init__(self, rank: int, world_size: int, log_path: str):
-        self.rank, self.world_size = rank, world_size
-        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
-        sys.stdout.reconfigure(line_buffering=True)
-        sys.stderr.reconfigure(line_buffering=True)
-        logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
-                            format=f"%(asctime)s rank {rank} %(levelname)s %(name)s: %(message)s")
-        self.engine: DeepSpeedUpdateEngine | None = None
-        self.rollout = None
-
-    def address(self) -> tuple[str, int, str]:
-        """(node IP, a free port on it, node id): rank 0's is the rendezvous."""
-        import ray
-
-        ip = ray.util.get_node_ip_address()
-        with socket.socket() as s:
-            s.bind((ip, 0))
-            port = s.getsockname()[1]
-        return ip, port, ray.get_runtime_context().get_node_id()
-
-    def setup(self, env: dict[str, str], model_dir: str, loss_cfg, optim_cfg, engine_kwargs: dict[str, Any],
-              rollout_micro_batch_size: int, reference_dir: str | None = None) -> int:
-        from ada_core.engines.transformers_engine import TransformersRolloutEngine
-        from ada_core.models import load_policy
-
-        os.environ.update(env)
-        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-        log.info("rank %d of %d: loading %s (MASTER %s:%s)", self.rank, self.world_size, model_dir,
-                 env["MASTER_ADDR"], env["MASTER_PORT"])
-        model, tokenizer = load_policy(model_dir)
-        ref_model = load_reference(reference_dir) if reference_dir is not None else None
-        self.engine = DeepSpeedUpdateEngine(model, loss_cfg, optim_cfg, ref_model=ref_model, **engine_kwargs)
-        if self.engine.world_size != self.world_size:
-            raise RuntimeError(f"rank {self.rank} joined a process group of {self.engine.world_size} ranks, "
-                               f"expected {self.world_size}")
-        self.rollout = TransformersRolloutEngine(self.engine.module, tokenizer, micro_batch_size=rollout_micro_batch_size)
-        return os.getpid()
-
-    def recompute(self, seqs: list[dict]) -> tuple[list[tuple[torch.Tensor, torch.Tensor | None]], float]:
-        start = time.perf_counter()
-        self.engine.recompute(seqs)
-        return [(s["old"], s["ref"]) for s in seqs], time.perf_counter() - start
-
-    def train_steps(self, steps) -> tuple[list[dict[str, float]], float]:
-        return self.engine.train_steps(steps)
-
-    def generate(self, requests: list[tuple[Prompt, int]], sampling: SamplingParams, offset: int) -> list[list[Sample]]:
-        return self.rollout.generate(requests, sampling, request_offset=offset)
-
-    def lr(self) -> float:
-        return self.engine._lr()
-
-    def save(self, directory: str) -> None:
-        self.engine.save(directory)
-
-    def load(self, directory: str, every_rank: list[str]) -> None:
-        self.engine.load(directory, every_rank=every_rank)
-
-    def write_weights(self, path: str) -> None:
-        """The current weights to `path` (torch.save keeps tied tensors tied); written, then renamed."""
-        tmp = f"{path}.tmp"
-        torch.save({k: v.detach().cpu() for k, v in self.engine.module.state_dict().items()}, tmp)
-        os.replace(tmp, path)
 
 
 class RankGroup(UpdateEngine):
@@ -177,6 +98,7 @@ class RankGroup(UpdateEngine):
         self._actors: list[Any] = []
         self._ray_pids: list[int] = []
         self.rank_pids: list[int] = []
+        self.rank_hosts: list[str] = []  # each rank's node IP, named when a rank is lost
         self._reference_dir = str(reference_dir) if reference_dir is not None else None
         self._weights_dir = Path(tempfile.mkdtemp(prefix="ada-rank-weights-", dir=_shm_root()))
         # Ends the local Ray this group starts, and removes the weights folder, if the driver dies.
@@ -208,14 +130,20 @@ class RankGroup(UpdateEngine):
             self._ray_pids = [p.process.pid for infos in (node.all_processes if node else {}).values() for p in infos]
             self._lifeline.watch(descendants(self._ray_pids))
         bundles, strategy = placement(cfg)
-        bundle = bundles[0]
+        bundle = dict(bundles[0])
+        driver_ip = driver_node_ip()
+        if driver_ip is not None:  # rank 0 hands the driver its weights through /dev/shm: on the driver's node
+            bundles[0][f"node:{driver_ip}"] = NODE_PIN
         self._pg = placement_group(bundles, strategy=strategy)
         ready, _ = ray.wait([self._pg.ready()], timeout=cfg.startup_timeout_s)
         if not ready:
             raise RankError(f"distributed: a placement group of {self.num_ranks} ranks x {bundle} "
-                            f"({cfg.placement_strategy}) could not be placed within {cfg.startup_timeout_s:.0f}s; "
-                            f"the Ray cluster has {ray.cluster_resources()}. Lower distributed.num_ranks, "
-                            "cpus_per_rank or gpus_per_rank, or add nodes")
+                            f"({cfg.placement_strategy}, rank 0 on the driver's node {driver_ip}) could not be placed "
+                            f"within {cfg.startup_timeout_s:.0f}s; the Ray cluster has {ray.cluster_resources()}, "
+                            f"of which {ray.available_resources()} are free. Add nodes (`ray start --address=...`, "
+                            "infra/GPU.md) or choose a looser distributed.placement_strategy (PACK); a resume may "
+                            "change placement_strategy but not num_ranks (its optimizer state was saved by that many "
+                            "ranks), a new run may also lower num_ranks, cpus_per_rank or gpus_per_rank")
         worker = ray.remote(RankWorker)
         self._actors = [
             worker.options(num_cpus=cfg.cpus_per_rank, num_gpus=cfg.gpus_per_rank, max_restarts=0,
@@ -225,8 +153,9 @@ class RankGroup(UpdateEngine):
         ]
         addresses = self._gather([a.address.remote() for a in self._actors], "start", timeout=cfg.startup_timeout_s)
         master_addr, master_port = addresses[0][0], addresses[0][1]
+        self.rank_hosts = [ip for ip, _, _ in addresses]
         # All ranks on one machine: they meet in a file there and listen on loopback alone
-        # (deepspeed_engine.rendezvous_method); across machines, on rank 0's node IP.
+        # (rendezvous.rendezvous_method); across machines, on rank 0's node IP.
         one_machine = len({node_id for _, _, node_id in addresses}) == 1
         shared = {RENDEZVOUS_ENV: f"ada-dist-{uuid.uuid4().hex}"} if one_machine else {}
         if one_machine:
@@ -248,8 +177,9 @@ class RankGroup(UpdateEngine):
              for r, a in enumerate(self._actors)], "setup", timeout=cfg.startup_timeout_s)
         if self._started_ray:  # the agents and workers started since
             self._lifeline.watch(descendants(self._ray_pids))
-        log.info("%d training ranks up in %.1fs (rendezvous %s:%d, logs in %s)", self.num_ranks,
-                 time.perf_counter() - started, master_addr, master_port, self.log_dir)
+        log.info("%d training ranks up in %.1fs on %s (rendezvous %s:%d, logs in %s)", self.num_ranks,
+                 time.perf_counter() - started, ", ".join(f"rank {r}: {ip}" for r, ip in enumerate(self.rank_hosts)),
+                 master_addr, master_port, self.log_dir)
 
     def close(self) -> None:
         """Stop the rank actors and the placement group, and the Ray this group started. Idempotent."""
@@ -337,11 +267,11 @@ class RankGroup(UpdateEngine):
         self._gather([a.save.remote(str(directory / f"rank_{r}")) for r, a in enumerate(self._actors)], "save")
         save_state({"world_size": self.num_ranks, "shuffle_rng": self._shuffle.get_state(),
                     "global_steps": self._steps, "zero_stage": self.optim_cfg.zero_stage,
-                    "precision": self.optim_cfg.precision}, directory / _STATE_FILE)
+                    "precision": self.optim_cfg.precision}, directory / STATE_FILE)
         return directory
 
     def load(self, directory: str | Path) -> None:
-        path = Path(directory) / _STATE_FILE
+        path = Path(directory) / STATE_FILE
         if not path.is_file():
             raise FileNotFoundError(f"no update-engine state at {path}")
         state = load_state(path)
@@ -400,7 +330,9 @@ class RankGroup(UpdateEngine):
                 except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as err:
                     # A rank whose peer died in a collective raises too, sometimes before the death is
                     # seen: a rank that died among the others is the cause, and is the one named.
-                    failed = [(ranks[index[ref]], err)] + self._failures(pending, index, ranks)
+                    failed = [(ranks[index[ref]], err)]
+                    if not isinstance(err, ray.exceptions.RayActorError):  # a died rank is the cause already;
+                        failed += self._failures(pending, index, ranks)  # a peer of a lost host may hang till gloo's timeout
                     died = [(rank, e) for rank, e in failed if isinstance(e, ray.exceptions.RayActorError)]
                     raise self._rank_error(what, *(died or failed)[0]) from None
         return results
@@ -421,11 +353,12 @@ class RankGroup(UpdateEngine):
     def _rank_error(self, what: str, rank: int, err: Exception) -> RankError:
         import ray
 
+        where = f" on host {self.rank_hosts[rank]}" if rank < len(self.rank_hosts) else ""
         if isinstance(err, ray.exceptions.RayActorError):
-            return RankError(f"{what}: training rank {rank} died ({type(err).__name__}: {_first_line(err)}); "
+            return RankError(f"{what}: training rank {rank}{where} died ({type(err).__name__}: {_first_line(err)}); "
                              f"log: {self._log(rank)}\n{self._tail(rank)}")
         cause = err.cause if getattr(err, "cause", None) is not None else err
-        return RankError(f"{what}: training rank {rank} raised {type(cause).__name__}: {_first_line(cause)}; "
+        return RankError(f"{what}: training rank {rank}{where} raised {type(cause).__name__}: {_first_line(cause)}; "
                          f"log: {self._log(rank)}\n{cause}\n{self._tail(rank)}")
 
 

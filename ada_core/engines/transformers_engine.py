@@ -20,7 +20,7 @@ A seed of None draws a fresh random base seed per call.
 
 Why our own loop rather than `model.generate`: on CPU with a ~400K-parameter model the per-token
 Python overhead dominates, and `generate` adds logits processors, stopping criteria and score
-copies on every token (measured in docs/BENCHMARKS.md `## Engines`).
+copies on every token (measured in docs/benchmarks/engines.md).
 """
 
 from __future__ import annotations

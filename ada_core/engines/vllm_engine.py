@@ -23,7 +23,9 @@ Weight sync, once per training step (`sync_weights`), never per sampler round:
 4. `/reset_prefix_cache`, checking `success`, so no KV block computed by the old weights is reused;
 5. `/update_weight_version`, then `/resume`.
 Any failure raises `WeightSyncError` naming the stage: the run stops rather than sampling from a
-stale policy.
+stale policy. Under `rollout.partial_rollout` (`partial`) requests go on across a load: every request
+is streamed (`generate` too), the samples in flight are frozen before step 2 and resumed from their
+tokens after step 5 (`reload_in_flight`, ada_core/engines/vllm_stream.py).
 """
 
 from __future__ import annotations
@@ -46,7 +48,9 @@ from ada_core import metrics as K
 from ada_core.engines.requests import check_requests, check_sampling, row_seed
 from ada_core.engines.vllm_server import (API_KEY_ENV, SERVED_MODEL_NAME, VLLMServer, VLLMServerError,
                                           check_sleep_supported)
+from ada_core.errors import DiskFull
 from ada_core.occupancy import OccupancyMeter
+from ada_core.paths import staged
 from ada_core.protocols import RolloutEngine, SamplingParams
 from ada_core.records import Prompt, Sample
 
@@ -86,7 +90,8 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def __init__(self, base_url: str, *, server: VLLMServer | None = None, concurrency: int = 64,
                  request_timeout_s: float = 600.0, sync_root: str | Path | None = None,
-                 sleep_during_update: bool = False, model_name: str | None = None, api_key: str | None = None):
+                 sleep_during_update: bool = False, model_name: str | None = None, api_key: str | None = None,
+                 partial: bool = False):
         if concurrency < 1:
             raise ValueError(f"rollout.vllm.concurrency must be >= 1, got {concurrency}")
         if sleep_during_update:
@@ -95,6 +100,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self.server = server
         self.concurrency = concurrency
         self.sleep_during_update = sleep_during_update
+        self.partial = partial  # rollout.partial_rollout: requests go on across a weight load (`load_staged`)
         self.weight_version: int | None = None
         api_key = api_key or (server.api_key if server is not None else None) or os.environ.get(API_KEY_ENV)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -118,6 +124,8 @@ class VLLMRolloutEngine(RolloutEngine):
         """Return, for each `(prompt, k)` request, exactly k unscored Samples, in request order."""
         check_requests(requests, sampling)
         base_seed = sampling.seed if sampling.seed is not None else random.SystemRandom().getrandbits(62)
+        if self.partial:  # streamed, so a weight load can stop and resume them; the same seeds, the same samples
+            return generate_streamed(self, requests, sampling, base_seed)
         futures = {i: self._pool.submit(self._complete, prompt, k, row_seed(base_seed, i, 0) >> 1, sampling)
                    for i, (prompt, k) in enumerate(requests) if k > 0}
         return [futures[i].result() if i in futures else [] for i in range(len(requests))]
@@ -149,7 +157,8 @@ class VLLMRolloutEngine(RolloutEngine):
 
             self._streamer = VLLMSampleStreamer(self.base_url, self.model_name, concurrency=self.concurrency,
                                                 request_timeout_s=self._request_timeout_s, meter=self.meter,
-                                                error=self._server_error, headers=self._headers)
+                                                error=self._server_error, headers=self._headers,
+                                                partial=self.partial, version=self.weight_version)
         return self._streamer.submit(prompt, seed, count, sampling)
 
     # --- weight sync ---------------------------------------------------------------------------
@@ -171,13 +180,18 @@ class VLLMRolloutEngine(RolloutEngine):
         return StagedWeights(folder, version, time.perf_counter() - start)
 
     def load_staged(self, staged: StagedWeights) -> dict[str, float]:
-        """Steps 2-5 on weights `stage_weights` wrote; the folder is removed after."""
+        """Steps 2-5 on weights `stage_weights` wrote; the folder is removed after. Under partial rollout
+        the samples in flight are frozen around them (`reload_in_flight`)."""
         start = time.perf_counter()
+        partial: dict[str, float] = {}
         try:
-            self.reload_weights(staged.folder, staged.version)
+            if self.partial:
+                partial[K.SYNC_FROZEN_SAMPLES] = float(self.reload_in_flight(staged.folder, staged.version))
+            else:
+                self.reload_weights(staged.folder, staged.version)
         finally:
             shutil.rmtree(staged.folder, ignore_errors=True)
-        return {K.SYNC_WRITE_S: staged.write_s, K.SYNC_RELOAD_S: time.perf_counter() - start,
+        return {**partial, K.SYNC_WRITE_S: staged.write_s, K.SYNC_RELOAD_S: time.perf_counter() - start,
                 K.SYNC_WEIGHT_VERSION: float(staged.version), K.ROLLOUT_NUM_SERVERS: 1.0,
                 K.ROLLOUT_SERVERS_ALIVE: 1.0}
 
@@ -204,6 +218,23 @@ class VLLMRolloutEngine(RolloutEngine):
                 except httpx.HTTPError:
                     pass
         self.weight_version = version
+
+    def reload_in_flight(self, folder: Path, version: int) -> int:
+        """Partial rollout's load: stop the samples in flight (each keeps the tokens it has, every one of
+        them sampled and stamped on the old weights), reload with nothing running on the server (so the
+        prefix cache resets and no old KV block is reused), then resume each from its tokens on the new
+        weights: the server recomputes their prefix, so every later token and its log-prob are the new
+        version's. A failed reload resumes them on the weights the server still holds, stamped so.
+        Returns the samples frozen. vLLM's pause(mode="keep") would keep their KV blocks instead, but
+        the tokens a frozen request had generated and not yet streamed would come back after the resume
+        with the new tokens, and could not be told apart from them."""
+        frozen = self._streamer.freeze() if self._streamer is not None else 0
+        try:
+            self.reload_weights(folder, version)
+        finally:
+            if self._streamer is not None:
+                self._streamer.thaw(self.weight_version)
+        return frozen
 
     def set_weight_version(self, version: int) -> None:
         """Label the weights the server already holds (a server launched on the run's current folder)."""
@@ -290,11 +321,31 @@ class VLLMRolloutEngine(RolloutEngine):
         return VLLMServerError(message)
 
 
+def generate_streamed(engine, requests: Sequence[tuple[Prompt, int]], sampling: SamplingParams,
+                      base_seed: int) -> list[list[Sample]]:
+    """`generate` as streamed blocks (`engine.submit`), for partial rollout: request i is a block of k samples
+    with the seed the unstreamed request would have, so the same samples."""
+    blocks = {i: engine.submit(prompt, row_seed(base_seed, i, 0) >> 1, k, sampling)
+              for i, (prompt, k) in enumerate(requests) if k > 0}
+    out = []
+    for i, (prompt, _) in enumerate(requests):
+        samples = [f.result().sample for f in blocks[i].futures] if i in blocks else []
+        if any(s is None for s in samples):
+            raise VLLMServerError(f"prompt {prompt.id}: a sample was aborted that nothing cancelled")
+        out.append(samples)
+    return out
+
+
 def write_weights(module, folder: Path, version: int) -> None:
-    """Step 1 of the sync: `module`'s weights as safetensors in `folder` (replacing what was there)."""
+    """Step 1 of the sync: `module`'s weights as safetensors in `folder` (replacing what was there).
+    A full disk (/dev/shm is memory) is one DiskFull line, the partial folder removed."""
+    needs = sum(t.numel() * t.element_size() for t in module.state_dict().values())
     try:
         shutil.rmtree(folder, ignore_errors=True)
-        module.save_pretrained(folder, safe_serialization=True)
+        with staged(folder, f"the weights of version {version}", needs):
+            module.save_pretrained(folder, safe_serialization=True)
+    except DiskFull:
+        raise
     except Exception as err:
         raise WeightSyncError(f"weight sync to version {version}: writing safetensors to {folder} failed: {err}") from err
 

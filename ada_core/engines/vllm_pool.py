@@ -16,6 +16,10 @@ and the sampler cannot tell the pool from one `VLLMRolloutEngine`: `generate`, `
   same pools as one server. A server that dies mid-stream: the samples it had already handed over
   stay (each future resolves once), the unfinished ones are re-sent one by one, with their own
   seeds, to the servers left; the tokens it generated for them are lost to the counts.
+- Partial rollout (`rollout.partial_rollout`): `generate` is streamed too, and at each load every live
+  server freezes its samples in flight, reloads and resumes them (VLLMRolloutEngine.reload_in_flight);
+  a server that dies during the load is dropped and the samples it had frozen are re-sent to the others
+  from their first token, as any sample of a dead server is.
 - Failover: a request whose server stopped answering (connection refused, or a launched server's
   process exited) is retried on the others, and that server is dropped for the rest of the run with
   a warning in the log; `rollout/servers_alive` shows it. A server that answers with an error is a
@@ -42,7 +46,7 @@ from typing import Any
 from ada_core import metrics as K
 from ada_core.engines.requests import check_requests, row_seed
 from ada_core.engines.vllm_engine import (StagedWeights, VLLMRolloutEngine, WeightSyncError, default_sync_root,
-                                          write_weights)
+                                          generate_streamed, write_weights)
 from ada_core.engines.vllm_server import VLLMServerError
 from ada_core.occupancy import OccupancyMeter
 from ada_core.protocols import RolloutEngine, SamplingParams, StreamOutcome
@@ -60,6 +64,9 @@ class VLLMServerPool(RolloutEngine):
         self.members = list(members)
         self.alive = [True] * len(self.members)
         self.sleep_during_update = self.members[0].sleep_during_update
+        self.partial = self.members[0].partial  # rollout.partial_rollout: every member's, or none's
+        if any(m.partial != self.partial for m in self.members):
+            raise ValueError("a vLLM server pool's members must all keep samples in flight across a load, or none")
         self.weight_version: int | None = None
         self._outstanding = [0] * len(self.members)
         self.served = [0] * len(self.members)  # requests each server answered, for logs and tests
@@ -85,6 +92,8 @@ class VLLMServerPool(RolloutEngine):
         """Return, for each `(prompt, k)` request, exactly k unscored Samples, in request order."""
         check_requests(requests, sampling)
         base_seed = sampling.seed if sampling.seed is not None else random.SystemRandom().getrandbits(62)
+        if self.partial:  # streamed, so a weight load can freeze and resume them
+            return generate_streamed(self, requests, sampling, base_seed)
         futures = {i: self._requests.submit(self._request, prompt, k, row_seed(base_seed, i, 0) >> 1, sampling)
                    for i, (prompt, k) in enumerate(requests) if k > 0}
         return [futures[i].result() if i in futures else [] for i in range(len(requests))]
@@ -196,11 +205,20 @@ class VLLMServerPool(RolloutEngine):
         return StagedWeights(folder, version, time.perf_counter() - start)
 
     def load_staged(self, staged: StagedWeights) -> dict[str, float]:
-        """Every live server reloads the staged weights in parallel, then must report their version."""
+        """Every live server reloads the staged weights in parallel, then must report their version. Under
+        partial rollout each freezes its samples in flight around its reload (`reload_in_flight`); a server
+        that dies meanwhile is dropped, and its frozen samples, resumed there in vain, are re-sent to the
+        others from their first token (`_recover`)."""
         folder, version = staged.folder, staged.version
         start = time.perf_counter()
+        partial: dict[str, float] = {}
         try:
-            self._each_live(lambda m: m.reload_weights(folder, version), what=f"weight sync to version {version}")
+            if self.partial:
+                frozen = self._each_live(lambda m: m.reload_in_flight(folder, version),
+                                         what=f"weight sync to version {version}")
+                partial[K.SYNC_FROZEN_SAMPLES] = float(sum(frozen.values()))
+            else:
+                self._each_live(lambda m: m.reload_weights(folder, version), what=f"weight sync to version {version}")
             reported = self._each_live(lambda m: m.server_weight_version(), what="weight version check")
         finally:
             shutil.rmtree(folder, ignore_errors=True)
@@ -208,7 +226,7 @@ class VLLMServerPool(RolloutEngine):
         if stale:
             raise WeightSyncError(f"weight sync to version {version}: servers report other versions {stale}")
         self.weight_version = version
-        return {K.SYNC_WRITE_S: staged.write_s, K.SYNC_RELOAD_S: time.perf_counter() - start,
+        return {**partial, K.SYNC_WRITE_S: staged.write_s, K.SYNC_RELOAD_S: time.perf_counter() - start,
                 K.SYNC_WEIGHT_VERSION: float(version), K.ROLLOUT_NUM_SERVERS: float(len(self.members)),
                 K.ROLLOUT_SERVERS_ALIVE: float(self.num_alive)}
 
@@ -224,6 +242,10 @@ class VLLMServerPool(RolloutEngine):
         """The version the live servers agree on (None when they disagree)."""
         versions = set(self.server_weight_versions())
         return versions.pop() if len(versions) == 1 else None
+
+    def server_meters(self) -> list[OccupancyMeter]:
+        """Each member's meter (the pool's own `meter` counts the whole pool)."""
+        return [m.meter for m in self.members]
 
     def sleep(self) -> None:
         if self.sleep_during_update:
@@ -270,8 +292,8 @@ class VLLMServerPool(RolloutEngine):
     def _still_serving(self, index: int) -> bool:
         member = self.members[index]
         if member.server is not None:
-            process = member.server.process
-            return process is not None and process.poll() is None and member.server.healthy()
+            server = member.server  # exit_code, not Popen.poll: the launcher is reaped only by its stop()
+            return server.process is not None and server.exit_code() is None and server.healthy()
         try:
             with urllib.request.urlopen(f"{member.base_url}/health", timeout=5) as response:
                 return response.status == 200

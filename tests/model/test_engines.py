@@ -423,7 +423,7 @@ class _Payload:
 
 
 def test_a_state_file_with_python_objects_is_refused_not_unpickled(make_updater, tmp_path):
-    from ada_core.engines.deepspeed_engine import UnsafeStateError
+    from ada_core.engines.update_state import UnsafeStateError
     from ada_core.errors import InputError
 
     updater = make_updater()

@@ -326,10 +326,10 @@ def test_a_dead_rank_fails_the_step_naming_it(groups_by_stage, policy):
     pids = group.process_ids()["ranks"]
     os.kill(pids[1], 9)
     assert _wait_gone([pids[1]]) == []
-    with pytest.raises(RankError, match=r"(?s)training rank 1 died.*last \d+ lines of .*rank_1\.log") as died:
+    with pytest.raises(RankError, match=r"(?s)training rank 1 on host \S+ died.*last \d+ lines of .*rank_1\.log") as died:
         group.update(_batch(tokenizer, 5))
     summary = died.value.summary  # the one line `ada train` prints (exit 1), not the traceback
-    assert "\n" not in summary and "training rank 1 died" in summary
+    assert "\n" not in summary and f"training rank 1 on host {group.rank_hosts[1]} died" in summary
     assert summary.endswith(f"log: {group.log_dir / 'rank_1.log'}")
     group.close()
     assert _wait_gone(pids) == [], "a rank outlived close()"

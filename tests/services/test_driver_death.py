@@ -109,7 +109,7 @@ def test_a_dead_rank_ends_the_cli_with_one_line_naming_it(tiny_model, tmp_path):
     assert driver.returncode == 1, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     assert len(errors) == 1, errors
-    assert re.fullmatch(rf"error: .*training rank 1 died .*; log: {re.escape(str(run))}/ranks/rank_1\.log",
+    assert re.fullmatch(rf"error: .*training rank 1 on host \S+ died .*; log: {re.escape(str(run))}/ranks/rank_1\.log",
                         errors[0]), errors[0]
     assert _wait_gone(processes, 20) == []
 

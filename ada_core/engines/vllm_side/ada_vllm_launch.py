@@ -35,21 +35,41 @@ SHM = "/dev/shm/"
 SCAN_EVERY_S = 2.0
 
 
+def _group_of(pid: int) -> tuple[str, int] | None:
+    """(state, process group) of `pid`, or None when it has gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, pgrp, ...
+    except OSError:
+        return None
+    return fields[0], int(fields[2])
+
+
 def group_members() -> list[int]:
     """The other live processes of this launcher's process group (the server and its engine cores)."""
     own, group = os.getpid(), os.getpgid(0)
     members = []
     for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == own:
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, pgrp, ...
-        except OSError:
-            continue
-        if int(fields[2]) == group and fields[0] != "Z":
-            members.append(int(name))
+        if name.isdigit() and int(name) != own and (found := _group_of(int(name))) is not None:
+            if found[1] == group and found[0] != "Z":
+                members.append(int(name))
     return members
+
+
+def kill_member(pid: int) -> None:
+    """SIGKILL `pid` if it is still in this launcher's group, through a pidfd opened before that is
+    checked: a member that ended since it was listed, its pid since given to another process, is spared."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:  # gone already
+        return
+    try:
+        if (found := _group_of(pid)) is not None and found[1] == os.getpgid(0):
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    finally:
+        os.close(fd)
 
 
 def shm_in_use(pids: list[int]) -> set[str]:
@@ -73,10 +93,7 @@ def end_group_and_unlink(segments: set[str]) -> None:
     members = group_members()
     segments |= shm_in_use(members)
     for pid in members:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_member(pid)
     deadline = time.monotonic() + GRACE_S
     while group_members() and time.monotonic() < deadline:
         time.sleep(0.05)
