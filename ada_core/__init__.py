@@ -3,7 +3,7 @@
 Read from the bottom layer up; a module imports only from its own layer or the layers below it
 (docs/ARCHITECTURE.md draws them, tests/fast/test_layout.py holds every file to it):
 
-    vocabulary  records, protocols, metrics, errors, occupancy, paths
+    vocabulary  records, protocols, metrics, errors, occupancy, paths, processes
     config      the typed schema, presets and profiles
     rl          advantages, the PPO-clip loss, the math verifier
     sampling    the samplers (GRPO, DAPO, Ada, budgeted), streaming, allocation, simulation
@@ -16,5 +16,5 @@ Read from the bottom layer up; a module imports only from its own layer or the l
     cli         the `ada` command
 """
 
-__all__ = ["cli", "config", "data", "engines", "errors", "metrics", "models", "occupancy", "paths", "protocols",
-           "records", "rl", "run", "sampling", "training"]
+__all__ = ["cli", "config", "data", "engines", "errors", "metrics", "models", "occupancy", "paths", "processes",
+           "protocols", "records", "rl", "run", "sampling", "training"]

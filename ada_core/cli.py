@@ -73,15 +73,34 @@ def simulate(
         typer.echo(f"wrote {png_path}")
 
 
+# The config fields `ada train` has a flag of its own for.
+FLAG_OF = {"preset": "--preset", "profile": "--profile", "model": "--model", "steps": "--steps", "seed": "--seed",
+           "data.dataset": "--dataset", "rollout.engine": "--engine"}
+
+
+def check_set_against_flags(sets: dict, flags: dict) -> None:
+    """Refuse a `--set` that another flag contradicts (`--steps 8 --set steps=40`), or that names a preset or
+    profile (they choose defaults, with --preset and --profile): one of the two would be silently dropped."""
+    from ada_core.config import flatten_dotted
+    from ada_core.errors import InputError
+
+    for key, value in flatten_dotted(sets).items():
+        if key in ("preset", "profile"):
+            raise InputError(f"--set {key}={value}: a {key} is chosen with {FLAG_OF[key]} {value}, not --set")
+        given = flags.get(key)
+        if key in FLAG_OF and given is not None and given != value:
+            raise InputError(f"--set {key}={value} contradicts {FLAG_OF[key]} {given}: both set {key}; give one")
+
+
 @app.command()
 def train(
     preset: str | None = typer.Option(None, help="Algorithm preset: grpo, grpo-n8, grpo-n16, dapo, ada-pos, "
                                                  "ada-balance, ada-est, ada-posterior, ada-budget (default grpo; "
                                                  "with --resume, the run's own)."),
-    profile: str | None = typer.Option(None, help="Scale profile: tiny, smollm2-135m, paper (default tiny; with "
+    profile: str | None = typer.Option(None, help="Scale profile: tiny, testbed, smollm2-135m, paper (default tiny; with "
                                                   "--resume, the run's own)."),
     model: str | None = typer.Option(
-        None, help="tiny, smollm2-135m, a local HF model folder, or a hub id org/name[@revision] (default: the profile's)."),
+        None, help="tiny, tiny-l4, smollm2-135m, a local HF model folder, or a hub id org/name[@revision] (default: the profile's)."),
     steps: int | None = typer.Option(None, min=1, help="Training steps (default: the profile's)."),
     output_dir: Path | None = typer.Option(
         None, help="Run directory (default: the --resume folder, else $ADA_HOME/runs/<preset>-seed<seed>). "
@@ -90,7 +109,7 @@ def train(
     resume: Path | None = typer.Option(
         None, help="A run directory to continue from its last complete checkpoint, with the config it was started "
                    "with (its config.yaml). Only steps, eval_every, checkpoint_every, checkpoint.keep_last and where "
-                   "servers run may change (ada_core/run/resume.py); any other flag that differs is refused."),
+                   "servers and ranks run may change (ada_core/run/resume.py); any other flag that differs is refused."),
     overwrite: bool = typer.Option(
         False, help="Start a new run in an --output-dir that holds one, moving the old run aside to "
                     "<dir>.replaced-<time> (never deleting it)."),
@@ -103,6 +122,7 @@ def train(
 ) -> None:
     """Train one policy with one preset; metrics go to <output-dir>/metrics.jsonl."""
     from ada_core.config import build_config, deep_merge, parse_set, read_config_file
+    from ada_core.config.applies import run_facts
     from ada_core.data.prompts import pin_hub_ids
     from ada_core.engines.vllm_server import check_engine_config
     from ada_core.errors import InputError, RunFailure
@@ -121,9 +141,12 @@ def train(
         overrides["rollout"] = {"engine": engine}
     try:
         try:
-            overrides = deep_merge(overrides, parse_set(set_))
+            sets = parse_set(set_)
         except ValueError as err:  # a malformed --set is input too
             raise InputError(str(err)) from None
+        check_set_against_flags(sets, {"preset": preset, "profile": profile, "model": model, "steps": steps,
+                                       "seed": seed, "data.dataset": dataset, "rollout.engine": engine})
+        overrides = deep_merge(overrides, sets)
         if resume is not None:
             # The run's own config; what the flags change is checked against it, before anything is read.
             out = output_dir or resume
@@ -133,7 +156,8 @@ def train(
             cfg = resumed_config(resume, deep_merge(file_overrides, overrides))
         else:
             cfg = build_config(preset or "grpo", profile or "tiny", config_file=config,
-                               overrides={k: v for k, v in overrides.items() if k not in ("preset", "profile")})
+                               overrides={k: v for k, v in overrides.items() if k not in ("preset", "profile")},
+                               facts=run_facts(curate=False))  # `ada train` never curates: data.curation_k is refused
             # Not created yet: a run that fails on its input leaves nothing behind under ADA_HOME.
             out = output_dir or runs_dir(create=False) / f"{cfg.preset}-seed{cfg.seed}"
             check_run_dir(out, overwrite=overwrite)  # before any model or data is built
@@ -170,6 +194,7 @@ def evaluate(
     import time
 
     from ada_core.config import build_config
+    from ada_core.config.applies import run_facts
     from ada_core.data.prompts import pin_hub_ids
     from ada_core.data.suites import accuracy_table, get_suite, suite_overrides
     from ada_core.errors import InputError
@@ -189,7 +214,7 @@ def evaluate(
     try:
         if suite is not None:
             overrides.update(suite_overrides(suite, k, max_tokens, temperature))
-        cfg = pin_hub_ids(build_config("grpo", profile, overrides=overrides))
+        cfg = pin_hub_ids(build_config("grpo", profile, overrides=overrides, facts=run_facts(curate=False)))
         out = output_dir or runs_dir() / f"evaluate-{time.strftime('%Y%m%d-%H%M%S')}"
         state = setup(cfg, out)
     except InputError as err:
@@ -206,6 +231,68 @@ def evaluate(
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(metrics, indent=2) + "\n")
+
+
+@app.command("vllm-serve")
+def vllm_serve(
+    model: str = typer.Option("tiny", help="tiny, tiny-l4, smollm2-135m, a local HF model folder, or a hub id "
+                                            "(the run's model: the run loads its own weights into it first)."),
+    host: str = typer.Option("127.0.0.1", help="The address to bind: this machine's address on the network the "
+                                              "trainer reaches it by (infra/GPU.md, 3c)."),
+    port: int = typer.Option(8000, min=1, max=65535, help="The port to bind."),
+    dtype: str = typer.Option("float32", help="--dtype of the server: float32 (the fp32 trainer's), bfloat16, float16."),
+    max_model_len: int | None = typer.Option(None, min=1, help="Context length (default: the model's own)."),
+    kv_cache_gib: int = typer.Option(1, min=1, help="CPU only: KV-cache size in GiB."),
+    startup_timeout_s: float = typer.Option(300.0, min=1.0, help="Seconds to wait for /health."),
+) -> None:
+    """Serve rollouts for a run on another machine: a vLLM server (from `make vllm-env`) as a run launches one,
+    requiring the key in $ADA_VLLM_API_KEY on every request; attach with rollout.vllm.base_url(s). Runs until
+    stopped (Ctrl-C or SIGTERM), and the server with it."""
+    import os
+    import signal
+    import time
+
+    from ada_core.engines.vllm_server import API_KEY_ENV, VLLMServer, VLLMServerError, vllm_python
+    from ada_core.models.build import resolve_model
+    from ada_core.paths import ada_home
+
+    def refuse(message: str) -> None:
+        typer.echo(f"error: {message}", err=True)
+        raise typer.Exit(INPUT_ERROR_EXIT)
+
+    key = os.environ.get(API_KEY_ENV, "")
+    if not key:
+        refuse(f"${API_KEY_ENV} is not set: the server requires it on every request, and the trainer sends it "
+               f"from its own ${API_KEY_ENV} (set the same value on both machines)")
+    if dtype not in ("float32", "bfloat16", "float16"):
+        refuse(f"--dtype {dtype!r}: choose float32, bfloat16 or float16")
+    try:
+        python = vllm_python()
+        model_dir = resolve_model(model)
+    except (FileNotFoundError, ValueError, VLLMServerError) as err:
+        refuse(str(err))
+    log_path = ada_home() / "vllm" / f"serve-{host}-{port}.log"
+    server = VLLMServer(model_dir, host=host, port=port, dtype=dtype, max_model_len=max_model_len,
+                        cpu_kvcache_gib=kv_cache_gib, startup_timeout_s=startup_timeout_s, python=python, api_key=key,
+                        log_path=log_path)
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    try:
+        server.start()
+        typer.echo(f"vLLM serving {model_dir} at {server.base_url} (log: {log_path}); attach a run with "
+                   f"--set rollout.vllm.base_url={server.base_url} and the same ${API_KEY_ENV}")
+        while not stopping and server.exit_code() is None:
+            time.sleep(0.5)
+        if server.exit_code() is not None:
+            typer.echo(f"error: the vLLM server exited with code {server.exit_code()}; log: {log_path}", err=True)
+            raise typer.Exit(RUN_FAILURE_EXIT)
+    except VLLMServerError as err:
+        typer.echo(f"error: {str(err).splitlines()[0]}; log: {log_path}", err=True)
+        raise typer.Exit(RUN_FAILURE_EXIT) from None
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
 
 
 @app.command()

@@ -14,6 +14,9 @@
 
 - `RunFailure` (exit 1): the run started and something outside the input failed (a training rank
   died). `summary` is the one line the CLI prints; the message may hold more (a log tail).
+
+      DiskFull        a write ran out of space: the folder, the space it needed, what was free; the
+                      partial file or folder is already removed (`ada_core.paths.staged`)
 """
 
 from __future__ import annotations
@@ -62,3 +65,8 @@ class RunFailure(RuntimeError):
     def summary(self) -> str:
         text = str(self).strip()
         return text.splitlines()[0] if text else type(self).__name__
+
+
+class DiskFull(RunFailure):
+    """A write ran out of space. The message names the folder, the space the write needed and what was
+    free; the partial file or folder it left is removed before this is raised (`ada_core.paths.staged`)."""

@@ -2,6 +2,11 @@
 
 Keys are `namespace/name`, lower-case, using only letters, digits, `_`, `/` and `.` — all
 characters MLflow accepts. Cumulative counters end in `_cum`; durations end in `_s`.
+
+The answer comes first: held-out accuracy and the comparable reward live in `accuracy/`, the
+namespace MLflow's run page shows first (it orders chart sections by name, and nothing the server
+can set changes that: `HEADLINE`). A feature's metrics are logged only while the feature is on
+(`WHEN_ON`), so an off feature draws no all-zero charts.
 """
 
 from __future__ import annotations
@@ -75,13 +80,33 @@ TIME_ELAPSED_S = "time/elapsed_s"  # run wall time so far
 SYNC_WRITE_S = "sync/write_s"  # writing the safetensors to the sync folder
 SYNC_RELOAD_S = "sync/reload_s"  # pause, reload_weights, reset_prefix_cache, version, resume
 SYNC_WEIGHT_VERSION = "sync/weight_version"  # the version the server now serves (= the step)
+SYNC_FROZEN_SAMPLES = "sync/frozen_samples"  # rollout.partial_rollout: samples in flight at the load, resumed after it
 
 # rollout/: the vLLM servers behind the rollout engine (rollout.vllm.num_servers or base_urls)
 ROLLOUT_NUM_SERVERS = "rollout/num_servers"  # servers the engine was built with
 ROLLOUT_SERVERS_ALIVE = "rollout/servers_alive"  # of them, still serving after this step's sync
 
+# accuracy/: the answer a run gives, first on MLflow's run page (HEADLINE); eval/avg_at_k and reward/mean before
+HEADLINE = "accuracy"
+EVAL_AVG_AT_K = f"{HEADLINE}/heldout_avg_at_k"  # held-out accuracy: mean over k samples a prompt (the paper's Ave@k)
+EVAL_PASS_AT_K = f"{HEADLINE}/heldout_pass_at_k"  # held-out prompts with a correct sample among k
+REWARD_MEAN = f"{HEADLINE}/reward_mean"  # round-1 mean reward of the step's training prompts, comparable across variants
+VAL_AVG_AT_K = f"{HEADLINE}/val_avg_at_k"  # validation accuracy (data.val_size): what picks a comparison's best policy
+VAL_PASS_AT_K = f"{HEADLINE}/val_pass_at_k"
+BEST_EVAL_AVG_AT_K = f"{HEADLINE}/best_heldout_avg_at_k"  # a compare/sweep parent: its best child's final held-out accuracy
+
+# Budget axes (MLflow only): accuracy and reward again, with MLflow's step the budget spent, on a grid every run
+# shares (flows/tracking/budget.py); their sections sort right after accuracy/.
+VS_SAMPLES = f"{HEADLINE}/vs_samples"  # step = cumulative generated samples
+VS_MFLOPS = f"{HEADLINE}/vs_mflops"  # step = estimated compute in MFLOPs (1e6 FLOPs: int64 steps hold 9e24 FLOPs)
+
+
+def budget_axis_key(axis: str, key: str) -> str:
+    """`accuracy/heldout_avg_at_k` on the `VS_SAMPLES` axis: `accuracy/vs_samples/heldout_avg_at_k`."""
+    return f"{axis}/{key.rsplit('/', 1)[-1]}"
+
+
 # reward/ and response/
-REWARD_MEAN = "reward/mean"  # round-1 mean reward, comparable across variants
 REWARD_TRAINED_MEAN = "reward/trained_mean"  # mean reward of the kept groups
 RESPONSE_LENGTH_MEAN = "response/length_mean"
 RESPONSE_TRUNCATED_FRAC = "response/truncated_frac"
@@ -128,10 +153,40 @@ ASYNC_POLICY_VERSION = "async/policy_version"  # weight version the step's batch
 ASYNC_STALENESS_MEAN = "async/staleness_mean"  # drawn samples: updates between their policy and the update's old one
 ASYNC_STALENESS_MAX = "async/staleness_max"  # never more than async/steps
 ASYNC_WAIT_S = "async/wait_s"  # the trainer waiting for its batch (0 when generation hid behind the update)
+# rollout.partial_rollout: staleness per generated token (a sample can span versions)
+ASYNC_TOKEN_STALENESS_MEAN = "async/token_staleness_mean"  # drawn tokens: updates between their policy and the old one
+ASYNC_TOKEN_STALENESS_MAX = "async/token_staleness_max"  # never more than async/steps
+ASYNC_SPANNING_SAMPLES = "async/spanning_samples"  # drawn samples whose tokens come from two or more versions
 
-# eval/: held-out evaluation
-EVAL_AVG_AT_K = "eval/avg_at_k"
-EVAL_PASS_AT_K = "eval/pass_at_k"
+
+def token_staleness_key(age: int) -> str:
+    """rollout.partial_rollout: the share of the step's drawn tokens `age` updates old (0 .. async/steps): the
+    histogram of token versions."""
+    return f"async/tokens_stale_{age}"
+
+
+# Keys as runs wrote them before accuracy/ (metrics.jsonl and result.json of older run folders): read as today's.
+RENAMED = {"eval/avg_at_k": EVAL_AVG_AT_K, "eval/pass_at_k": EVAL_PASS_AT_K, "reward/mean": REWARD_MEAN}
+
+
+def current_names(row: dict[str, float]) -> dict[str, float]:
+    """`row` with every key an older run wrote under a since-renamed name (`RENAMED`) under today's."""
+    return {RENAMED.get(k, k): v for k, v in row.items()}
+
+
+# Families a run logs only while their feature is on: the clause (ada_core/config/applies.py's language) that says
+# it is on, and its keys. Off, they would be all zero (async/*, the streaming counts, the KL term, unresolved
+# prompts of a sampler that has none) or restate another metric (dist/* of the one in-process rank).
+WHEN_ON: dict[str, tuple[str, ...]] = {
+    "rollout.async_steps > 0": (ASYNC_STEPS, ASYNC_POLICY_VERSION, ASYNC_STALENESS_MEAN, ASYNC_STALENESS_MAX,
+                                ASYNC_WAIT_S, TIME_OVERLAP_S),
+    "rollout.partial_rollout == true": (ASYNC_TOKEN_STALENESS_MEAN, ASYNC_TOKEN_STALENESS_MAX, ASYNC_SPANNING_SAMPLES,
+                                        SYNC_FROZEN_SAMPLES),
+    "sampler.schedule == streaming": (BUDGET_ABORTED_TOKENS, BUDGET_ABORTED_SAMPLES, TIME_REWARD_OVERLAP_S),
+    "loss.kl_coef > 0": (TRAIN_KL_REF,),
+    "distributed.num_ranks > 1": (DIST_WORLD_SIZE, DIST_RANK_UPDATE_MAX_S, DIST_RANK_UPDATE_MIN_S),
+    "sampler.name in [ada, budgeted, est]": (SAMPLER_UNRESOLVED, SAMPLER_UNRESOLVED_NO_POS, SAMPLER_UNRESOLVED_NO_NEG),
+}
 
 
 def is_valid_key(key: str) -> bool:

@@ -37,7 +37,8 @@ class RolloutEngine(Protocol):
     """
 
     meter: OccupancyMeter | None = None
-    """Sequences in flight against the engine's capacity (rollout/idle_fraction); None: not metered."""
+    """Sequences in flight against the engine's capacity (rollout/idle_fraction); None: not metered. The
+    sampler's rounds read it around each `generate` call (ada_core/sampling/rounds.py)."""
 
     def generate(self, requests: Sequence[tuple[Prompt, int]], sampling: SamplingParams) -> list[list[Sample]]:
         """Return, for each `(prompt, k)` request, exactly k unscored Samples (reward None)."""
@@ -57,6 +58,12 @@ class RolloutEngine(Protocol):
     def load_staged(self, staged: Any) -> dict[str, float]:
         """Serve the weights `stage_weights` wrote; returns `sync/*` metrics."""
         raise NotImplementedError(f"{type(self).__name__} cannot load staged weights")
+
+    def server_meters(self) -> list[OccupancyMeter]:
+        """The occupancy meter of each server behind the engine, for the per-server `rollout/*` metrics
+        (ada_core/training/loop.py): the engine's own `meter` when it has one, else none. A pool of servers
+        returns one per member."""
+        return [self.meter] if self.meter is not None else []
 
     def sleep(self) -> None:
         """Free accelerator memory for the update (vLLM's sleep mode); no-op where there is none."""
@@ -104,7 +111,9 @@ class Verdict:
 class Verifier(Protocol):
     """Scores completions in batches; never raises for a bad completion (status says why)."""
 
-    def verify(self, items: Sequence[tuple[Prompt, str]]) -> list[Verdict]:
+    def verify(self, items: Sequence[tuple[Prompt, str]], within_s: float | None = None) -> list[Verdict]:
+        """One verdict per item. With `within_s`, the batch's deadline: an item not scored that many
+        seconds after the call gets reward 0 and status `deadline` (None: only the per-item limits)."""
         ...
 
 

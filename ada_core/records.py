@@ -18,6 +18,7 @@ class VerifierStatus(str, Enum):
     OK = "ok"
     TIMEOUT = "timeout"
     PARSE_ERROR = "parse_error"
+    DEADLINE = "deadline"  # not checked before its batch's deadline (verifier.step_budget_s) ran out
 
 
 @dataclass
@@ -53,7 +54,12 @@ class Sample:
     round: int = 0
     """Sampler round (0-based) in which the sample was drawn."""
     policy_version: int | None = None
-    """Weight version (updates applied) of the policy that generated it; set by the training loop."""
+    """Weight version (updates applied) of the policy that generated it; set by the training loop. Under
+    rollout.partial_rollout: the version of its first token (the oldest)."""
+    token_versions: list[int] | None = None
+    """rollout.partial_rollout: the weight version each completion token was sampled on (same length as
+    `completion_ids`, non-decreasing: a sample in flight at a weight load spans two or more). None: every
+    token is `policy_version`'s."""
 
     @property
     def num_tokens(self) -> int:
@@ -116,3 +122,39 @@ class RolloutBatch:
     @property
     def samples(self) -> list[Sample]:
         return [s for g in self.groups for s in g.samples]
+
+
+def batch_to_dict(batch: RolloutBatch) -> dict[str, Any]:
+    """`batch` as plain JSON values, exactly (every float as written), for a checkpoint to hold a batch
+    drawn ahead (rollout.async_steps). A prompt or sample shared by a pool and a group is written once
+    and shared again by `batch_from_dict`."""
+    prompts: list[Prompt] = []
+    samples: list[Sample] = []
+    index: dict[tuple[str, int], int] = {}
+
+    def ref(obj: Any, table: list) -> int:
+        key = (type(obj).__name__, id(obj))
+        if key not in index:
+            index[key] = len(table)
+            table.append(obj)
+        return index[key]
+
+    pools = [{"prompt": ref(p.prompt, prompts), "samples": [ref(s, samples) for s in p.samples],
+              "exit_reason": p.exit_reason, "rounds": p.rounds} for p in batch.pools]
+    groups = [{"prompt": ref(g.prompt, prompts), "samples": [ref(s, samples) for s in g.samples],
+               "advantages": list(g.advantages), "pool_size": g.pool_size, "pool_positives": g.pool_positives,
+               "p_hat": g.p_hat, "exit_reason": g.exit_reason} for g in batch.groups]
+    return {"metrics": dict(batch.metrics), "pools": pools, "groups": groups,
+            "prompts": [vars(p).copy() for p in prompts],
+            "samples": [{**vars(s), "status": VerifierStatus(s.status).value} for s in samples]}
+
+
+def batch_from_dict(data: dict[str, Any]) -> RolloutBatch:
+    """The batch `batch_to_dict` wrote."""
+    prompts = [Prompt(**p) for p in data["prompts"]]
+    samples = [Sample(**{**s, "status": VerifierStatus(s["status"])}) for s in data["samples"]]
+    pools = [PromptPool(prompts[p["prompt"]], [samples[i] for i in p["samples"]], p["exit_reason"], p["rounds"])
+             for p in data["pools"]]
+    groups = [Group(prompts[g["prompt"]], [samples[i] for i in g["samples"]], g["advantages"], g["pool_size"],
+                    g["pool_positives"], g["p_hat"], g["exit_reason"]) for g in data["groups"]]
+    return RolloutBatch(groups, data["metrics"], pools)

@@ -19,6 +19,7 @@ from ada_core.models.build import (
     save_tokenizer,
     resolve_model,
     folder_fingerprint,
+    weights_sha256,
     read_marker,
     atomic_build,
 )
@@ -39,5 +40,5 @@ __all__ = [
     "TINY_ALPHABET", "TINY_SHAPE", "TINY_SPECIALS", "answer_format", "answer_target", "atomic_build", "build_tiny",
     "build_tiny_tokenizer", "convert_smollm2", "encode_prompts", "folder_fingerprint", "format_prompt_ids",
     "load_policy", "load_tokenizer", "read_marker", "resolve_model", "save_tokenizer", "sft_warm_start",
-    "smollm2_gguf_path"
+    "smollm2_gguf_path", "weights_sha256"
 ]

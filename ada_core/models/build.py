@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ada_core.paths import exclusive_lock, models_dir
+from ada_core.paths import exclusive_lock, models_dir, staged
 
 
 # The tiny model's alphabet: everything `a+b=` arithmetic (and its negative answers) needs.
@@ -37,17 +37,20 @@ BUILD_VERSION = 1
 # Building and converting named models
 
 
-def build_tiny(out_dir: str | Path, seed: int = 0) -> Path:
-    """A randomly initialised (seeded) ~400K-parameter Llama with a character-level tokenizer.
+def build_tiny(out_dir: str | Path, seed: int = 0, layers: int = TINY_SHAPE["num_hidden_layers"]) -> Path:
+    """A randomly initialised (seeded) ~400K-parameter Llama with a character-level tokenizer
+    (`layers` 4: `tiny-l4`, ~800K, the testbed's model).
 
-    Reuses `out_dir` when it already holds a tiny build with the same seed.
+    Reuses `out_dir` when it already holds a tiny build with the same seed and depth.
     """
     out = Path(out_dir)
     marker = {"name": "tiny", "seed": seed, "version": BUILD_VERSION}
-    return built_once(out, marker, lambda: _build_tiny(out, seed, marker))
+    if layers != TINY_SHAPE["num_hidden_layers"]:
+        marker["layers"] = layers  # only then: the 2-layer builds already made keep their marker
+    return built_once(out, marker, lambda: _build_tiny(out, seed, marker, layers))
 
 
-def _build_tiny(out: Path, seed: int, marker: dict) -> Path:
+def _build_tiny(out: Path, seed: int, marker: dict, layers: int) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = build_tiny_tokenizer()
@@ -59,7 +62,7 @@ def _build_tiny(out: Path, seed: int, marker: dict) -> Path:
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
-        **TINY_SHAPE,
+        **{**TINY_SHAPE, "num_hidden_layers": layers},
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
@@ -149,6 +152,7 @@ SMOLLM2_CHAT_TEMPLATE = (
 
 MODEL_BUILDERS: dict[str, Callable[[Path], Path]] = {
     "tiny": lambda out: build_tiny(out, seed=0),
+    "tiny-l4": lambda out: build_tiny(out, seed=0, layers=4),  # the testbed profile's model
     "smollm2-135m": convert_smollm2,
 }
 
@@ -213,6 +217,19 @@ def folder_fingerprint(folder: Path) -> str:
     return h.hexdigest()
 
 
+def weights_sha256(folder: str | Path) -> str:
+    """sha256 of a model folder's weight files (`*.safetensors`, `*.bin`; names and bytes): the start model's
+    identity that runs log (`start_model_sha256`), independent of its tokenizer files and location."""
+    folder = Path(folder)
+    h = hashlib.sha256()
+    for f in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in (".safetensors", ".bin")):
+        h.update(str(f.relative_to(folder)).encode() + b"\0")
+        with f.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
 # ---------------------------------------------------------------------------------------------
 # Atomic folder writes
 
@@ -257,8 +274,9 @@ def atomic_build(out: Path, write: Callable[[Path], None], marker: dict) -> Path
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        write(tmp)
-        (tmp / _MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+        with staged(tmp, f"the model folder {out.name}"):  # a full disk: one line naming the folder
+            write(tmp)
+            (tmp / _MARKER).write_text(json.dumps(marker, indent=2) + "\n")
         if out.exists():
             if read_marker(out) == marker:  # someone else just built the same thing
                 return out

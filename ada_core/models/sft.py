@@ -41,7 +41,7 @@ def sft_warm_start(
     contents, the arguments and the prompts, so the same inputs reuse the saved folder (default
     `ADA_HOME/cache/sft/<key>`). `num_threads` caps torch's threads while training (restored after):
     the tiny model's steps are too small to share, and on a busy 2-core machine two threads ran
-    7x slower than one (docs/BENCHMARKS.md `## Models`). None keeps torch's setting.
+    7x slower than one (docs/benchmarks/models.md). None keeps torch's setting.
     `progress(done, total)` is called after each step (not on a cache hit).
 
     Tiny on 2,048 `arithmetic` prompts, 600 steps (~75 s): 48% sampled pass rate on those prompts

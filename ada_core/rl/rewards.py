@@ -12,6 +12,11 @@ result per item as it finishes, so the parent knows exactly which item is runnin
 exceeds `timeout_s`, only that item gets status `timeout`; the rest of its chunk is requeued on the
 other workers (or the fresh one) without losing time on retries.
 
+A step's deadline: the per-item timeout bounds one answer, not a batch (k answers built to hang cost
+k x timeout_s / workers). `verify(items, within_s)` gives the batch a deadline: what is not scored by
+then gets status `deadline` (reward 0) and the workers still on an item are replaced. `StepBudget`
+shares one budget between the verify calls of a training step (`verifier.step_budget_s`).
+
 Worked example:
     >>> v = MathVerifier(timeout_s=5.0)
     >>> p = Prompt(id="q1", text="1/2 as a decimal?", answer="\\frac{1}{2}")
@@ -125,7 +130,10 @@ class MathVerifier:
 
     # --- public API ---------------------------------------------------------------------------
 
-    def verify(self, items: Sequence[tuple[Prompt, str]]) -> list[Verdict]:
+    def verify(self, items: Sequence[tuple[Prompt, str]], within_s: float | None = None) -> list[Verdict]:
+        """One verdict per item; with `within_s`, what is not scored that many seconds from now scores 0
+        with status `deadline` (the integer fast path always scores: it takes microseconds)."""
+        deadline = None if within_s is None else time.monotonic() + max(0.0, within_s)
         verdicts: list[Verdict | None] = [None] * len(items)
         jobs: list[tuple[str, str, str, str]] = []
         job_rows: list[int] = []
@@ -144,7 +152,8 @@ class MathVerifier:
                 jobs.append(("verify", gold, answer, ""))
                 job_rows.append(row)
         if jobs:
-            results = self._run(jobs, timeout_result=(0.0, "timeout"), crash_result=(0.0, "parse_error"))
+            results = self._run(jobs, timeout_result=(0.0, "timeout"), crash_result=(0.0, "parse_error"),
+                                deadline=deadline, deadline_result=(0.0, "deadline"))
             for row, (reward, status) in zip(job_rows, results):
                 verdicts[row] = Verdict(reward, VerifierStatus(status))
         return verdicts  # type: ignore[return-value]
@@ -180,8 +189,10 @@ class MathVerifier:
 
     # --- the pool -----------------------------------------------------------------------------
 
-    def _run(self, jobs: list[tuple[str, str, str, str]], timeout_result: Any, crash_result: Any) -> list[Any]:
-        """Run jobs on the workers; a job past `timeout_s` (or one whose worker dies) gets the given result."""
+    def _run(self, jobs: list[tuple[str, str, str, str]], timeout_result: Any, crash_result: Any,
+             deadline: float | None = None, deadline_result: Any = None) -> list[Any]:
+        """Run jobs on the workers; a job past `timeout_s` (or one whose worker dies) gets the given result,
+        and every job still unscored at `deadline` (time.monotonic()) gets `deadline_result`."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("MathVerifier is closed")
@@ -192,6 +203,9 @@ class MathVerifier:
             chunk = max(1, min(_MAX_CHUNK, math.ceil(len(jobs) / self.num_workers)))
             while todo or any(w.inflight for w in self._workers):
                 now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    self._miss_deadline(results, todo, deadline_result)
+                    break
                 for slot, w in enumerate(self._workers):
                     if w.ready and not w.inflight and todo:
                         indices = [todo.popleft() for _ in range(min(chunk, len(todo)))]
@@ -200,6 +214,8 @@ class MathVerifier:
                             self._replace(slot, todo)
                 busy = [w for w in self._workers if w.inflight or not w.ready]
                 next_deadline = min(w.deadline if w.ready else w.started + _STARTUP_TIMEOUT_S for w in busy)
+                if deadline is not None:
+                    next_deadline = min(next_deadline, deadline)
                 wait([w.conn for w in busy], timeout=max(0.0, next_deadline - now))
                 for slot, w in enumerate(self._workers):
                     was_ready = w.ready
@@ -225,12 +241,52 @@ class MathVerifier:
                         raise RuntimeError(f"verifier worker did not start within {_STARTUP_TIMEOUT_S:.0f}s")
             return results
 
+    def _miss_deadline(self, results: list[Any], todo: deque[int], result: Any) -> None:
+        """The batch's deadline passed: what finished meanwhile is kept, every other job gets `result`,
+        and each worker still on a job is replaced (it may be on one that never returns)."""
+        for slot, w in enumerate(self._workers):
+            if not w.drain(results, self.timeout_s) or w.inflight:
+                todo.extend(w.inflight)
+                w.inflight.clear()
+                self._replace(slot, deque())
+        missed = [index for index in todo if results[index] is None]
+        for index in missed:
+            results[index] = result
+        todo.clear()
+        if missed:
+            log.warning("verifier: %d item(s) not scored within the batch's deadline; they score 0 (status deadline)",
+                        len(missed))
+
     def _replace(self, slot: int, todo: deque[int]) -> None:
         """Kill the worker in `slot`, requeue its unfinished items first, and start a fresh worker."""
         old = self._workers[slot]
         todo.extendleft(reversed(old.inflight))
         old.kill()
         self._workers[slot] = _Worker(self.memory_limit_mb)
+
+
+class StepBudget:
+    """A `Verifier` over `verifier` whose verify calls share `seconds` of scoring: one training step's
+    (`verifier.step_budget_s`). Each call gets what is left as its deadline; once the budget is spent,
+    every answer the integer fast path does not score gets status `deadline` (reward 0) at once, and
+    the step's `verifier/deadline` counts them. `seconds=None`: no bound beyond the per-answer timeout.
+    Thread-safe: the streaming sampler verifies from a thread of its own."""
+
+    def __init__(self, verifier: Any, seconds: float | None):
+        self.verifier = verifier
+        self.left = seconds
+        self._lock = threading.Lock()
+
+    def verify(self, items: Sequence[tuple[Prompt, str]], within_s: float | None = None) -> list[Verdict]:
+        with self._lock:
+            if self.left is None:
+                return self.verifier.verify(items, within_s)
+            limit = self.left if within_s is None else min(self.left, within_s)
+            start = time.monotonic()
+            try:
+                return self.verifier.verify(items, max(0.0, limit))
+            finally:
+                self.left -= time.monotonic() - start
 
 
 class _Worker:

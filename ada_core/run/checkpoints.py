@@ -9,12 +9,13 @@ files all match their manifest; each one it passes over is reported by name with
 without complaint and trains on NaNs, hence the hash rather than a size check.
 
 What a checkpoint holds is data only: `hf/` (safetensors), `trainer_state.json` (the prompt cursor,
-sampler state, RNG states, ledger position), and `optimizer/update_engine.pt` and `torch_rng.pt`,
-tensors and plain values that load with `torch.load(weights_only=True)` (engines/deepspeed_engine.py
+sampler state, RNG states, ledger position), under `rollout.async_steps` `rollout_ahead.json` (the
+batches drawn ahead of its step, plain JSON: ada_core/training/feed.py), and `optimizer/update_engine.pt` and `torch_rng.pt`,
+tensors and plain values that load with `torch.load(weights_only=True)` (engines/update_state.py
 `save_state`/`load_state`), so a resume pointed at a folder someone else wrote runs none of its code.
 
 Cost: one extra read of the checkpoint's bytes when saving and one when resuming
-(docs/BENCHMARKS.md, Reliability).
+(docs/benchmarks/reliability.md).
 """
 
 from __future__ import annotations

@@ -21,6 +21,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from ada_core.metrics import current_names
+
 log = logging.getLogger(__name__)
 
 CONFIG = "config.yaml"
@@ -74,7 +76,8 @@ def append_jsonl(path: Path, row: dict[str, Any]) -> None:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, float]]:
-    return read_jsonl(Path(run_dir) / METRICS)
+    """metrics.jsonl's rows, keys as today's scheme names them (a run written before a rename reads the same)."""
+    return [current_names(row) for row in read_jsonl(Path(run_dir) / METRICS)]
 
 
 def final_metrics(rows: list[dict[str, Any]], step: int) -> dict[str, float]:
@@ -96,9 +99,12 @@ def read_generations(run_dir: str | Path, step: int | None = None) -> list[dict[
 def read_result(run_dir: Path) -> dict[str, Any] | None:
     """The train flow's result when the run in `run_dir` finished, else None."""
     try:
-        return json.loads((Path(run_dir) / RESULT).read_text())
+        result = json.loads((Path(run_dir) / RESULT).read_text())
     except (OSError, ValueError):
         return None
+    if isinstance(result, dict) and isinstance(result.get("metrics"), dict):
+        result["metrics"] = current_names(result["metrics"])
+    return result
 
 
 def read_run_info(run_dir: Path) -> dict[str, Any]:

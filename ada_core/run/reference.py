@@ -23,6 +23,7 @@ import shutil
 from pathlib import Path
 
 from ada_core.errors import InputError
+from ada_core.paths import bytes_under, staged
 from ada_core.run import files
 from ada_core.run.checkpoints import (
     COMPLETE,
@@ -42,15 +43,16 @@ def keep_reference(source: Path, run_dir: Path) -> Path:
     target = Path(run_dir) / files.REFERENCE
     tmp = Path(run_dir) / f".tmp_{files.REFERENCE}"
     shutil.rmtree(tmp, ignore_errors=True)
-    for path in sorted(p for p in Path(source).rglob("*") if p.is_file() and p.name not in (MANIFEST, COMPLETE)):
-        dest = tmp / path.relative_to(source)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(path, dest)
-        except OSError:  # another file system, or links not allowed: a copy
-            shutil.copy2(path, dest)
-    tmp.mkdir(parents=True, exist_ok=True)
-    mark_complete(tmp)
+    with staged(tmp, "the KL reference weights", bytes_under(Path(source))):  # a full disk: one line, no partial
+        for path in sorted(p for p in Path(source).rglob("*") if p.is_file() and p.name not in (MANIFEST, COMPLETE)):
+            dest = tmp / path.relative_to(source)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(path, dest)
+            except OSError:  # another file system, or links not allowed: a copy
+                shutil.copy2(path, dest)
+        tmp.mkdir(parents=True, exist_ok=True)
+        mark_complete(tmp)
     shutil.rmtree(target, ignore_errors=True)
     tmp.rename(target)
     return target

@@ -6,7 +6,9 @@ that then differs must be one of `RESUMABLE`: how long the run goes on, how ofte
 checkpoints, what it keeps, and where its servers, cluster and timeouts are. Anything else (the
 algorithm, the data, the model, the seed, the ranks, the precision) would make the rest of the
 run another experiment in the same `metrics.jsonl`, ledger and MLflow run, so it is refused before
-anything is written, with every difference named (`sampler.name: ada -> fixed`).
+anything is written, with every difference named (`sampler.name: ada -> fixed`). A hub id given as
+the run was started (`org/name`, or a branch or tag) names what the run pinned (`org/name@<commit>`
+in its config.yaml) and is no change: the run goes on at that commit (`keep_pins`).
 
 `check_resumable` is the one check; `setup` runs it on every resume, the entry points run it
 first so the refusal names the user's own flags before any model or data is read.
@@ -14,6 +16,7 @@ first so the refusal names the user's own flags before any model or data is read
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,9 @@ from typing import Any
 import yaml
 
 from ada_core.config import TrainConfig, deep_merge, flat_params, validate_config
+from ada_core.config.applies import lookup
+from ada_core.config.schema import data_seed
+from ada_core.data.hub import names_pin
 from ada_core.errors import ConfigError, ResumeError
 from ada_core.run import files
 from ada_core.run.checkpoints import latest_checkpoint
@@ -38,18 +44,26 @@ RESUMABLE: dict[str, str] = {
     "rollout.vllm.request_timeout_s": "a timeout",
     "rollout.vllm.sync_dir": "where the weight sync writes its files",
     "distributed.ray_address": "which Ray cluster runs the ranks",
+    "distributed.placement_strategy": "how the ranks are spread over the cluster's nodes (a lost node)",
     "distributed.startup_timeout_s": "a timeout",
+    "verifier.step_budget_s": "a timeout: how long a step's answer checking may take",
 }
+
+# Fields a run records as hub ids pinned to a commit: given unpinned on a resume, they name the same thing.
+PINNED = ("model", "data.dataset")
 
 # Why a field that often differs by accident cannot: added to the refusal.
 WHY: dict[str, str] = {
-    "distributed.num_ranks": "the optimizer state was saved by that many ranks",
+    "distributed.num_ranks": "the optimizer state was saved by that many ranks; where a node is gone, resume "
+                             "with them on the nodes left (distributed.placement_strategy=PACK) or add a node",
     "optim.zero_stage": "the optimizer state is laid out for that ZeRO stage",
     "optim.precision": "the weights and optimizer state were saved in that precision",
     "data.train_size": "the prompt cursor and the held-out split depend on the dataset size",
     "data.eval_size": "the held-out split depends on it",
     "data.train_pool": "the prompt cursor walks that pool",
-    "seed": "the seed draws the dataset, its held-out split and every sample",
+    "seed": "the seed draws every sample (and the data, where data.seed is null)",
+    "data.seed": "it draws the dataset, its split and the SFT warm start",
+    "data.val_size": "the validation split is drawn from the training prompts",
     "preset": "the preset is the algorithm",
 }
 
@@ -72,6 +86,8 @@ def read_saved_config(run_dir: str | Path) -> TrainConfig:
 def differences(saved: TrainConfig, asked: TrainConfig) -> dict[str, tuple[Any, Any]]:
     """Dotted field -> (saved value, asked value) for every leaf that differs."""
     before, after = flat_params(saved), flat_params(asked)
+    for flat, config in ((before, saved), (after, asked)):  # None draws with the run's seed: compare what draws
+        flat["data.seed"] = data_seed(config)
     return {key: (before.get(key), after.get(key)) for key in sorted(set(before) | set(after))
             if before.get(key) != after.get(key)}
 
@@ -95,9 +111,29 @@ def resumed_config(run_dir: str | Path, overrides: dict[str, Any] | None = None)
     """The run's own config with `overrides` (nested, as `build_config` takes them) laid over it;
     `ResumeError` if that changes a field outside `RESUMABLE`, `ConfigError` if it is invalid."""
     saved = read_saved_config(run_dir)
-    asked = validate_config(deep_merge(saved.model_dump(), overrides or {})) if overrides else saved
+    overrides = keep_pins(saved, overrides or {})
+    asked = validate_config(deep_merge(saved.model_dump(), overrides)) if overrides else saved
     check_resumable(saved, asked, run_dir)
     return asked
+
+
+def keep_pins(saved: TrainConfig, overrides: dict[str, Any]) -> dict[str, Any]:
+    """`overrides` with each hub id in `PINNED` that names what the run pinned replaced by the run's pin.
+
+    A run records its hub ids pinned (`org/name@<commit>`, ada_core/data/prompts.py `pin_hub_ids`);
+    the request that resumes it names them as the run was started (`org/name`, a branch or tag: a
+    Prefect retry, a group's child, the same command again). That is the same model and data: the run
+    continues at the commits it pinned, whatever the branch names now. Another repo or commit is a change."""
+    out = copy.deepcopy(overrides)
+    for dotted in PINNED:
+        *parents, leaf = dotted.split(".")
+        node = out
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        pinned = lookup(saved, dotted)
+        if isinstance(node, dict) and isinstance(node.get(leaf), str) and names_pin(node[leaf], pinned):
+            node[leaf] = pinned
+    return out
 
 
 def check_resume_target(run_dir: str | Path) -> None:

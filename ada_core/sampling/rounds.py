@@ -45,7 +45,7 @@ def draw_and_score(
     finite number.
     """
     params = replace(sampling, seed=int(rng.integers(0, 2**31 - 1)))
-    meter = getattr(engine, "meter", None)  # engines that know their occupancy (ada_core/occupancy.py)
+    meter = engine.meter  # None: an engine that does not meter its occupancy (RolloutEngine.meter)
     before = meter.read() if meter is not None else None
     t0 = time.perf_counter()
     drawn = engine.generate(list(requests), params)

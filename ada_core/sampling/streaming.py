@@ -56,7 +56,7 @@ def sample_seed(step_seed: int, prompt_id: str, j: int) -> int:
 
 
 def round_of(j: int, first_round: int, M: int) -> int:
-    """The `rounds` round that sample j would have belonged to (Sample.round; reward/mean reads round 0)."""
+    """The `rounds` round that sample j would have belonged to (Sample.round; accuracy/reward_mean reads round 0)."""
     return 0 if j < first_round else 1 + (j - first_round) // M
 
 

@@ -1,14 +1,12 @@
-"""The training loop: `setup` builds a run, `run_steps` advances it, `train` does both.
+"""The training loop: `setup` builds a run (state.py), `run_steps` advances it (loop.py), `train` does both.
 
 The Prefect flow runs the same loop with task-wrapped step functions (`StepFunctions`); there is no second one.
 """
 
+from ada_core.training.state import CUMULATIVE, RunState, setup
 from ada_core.training.loop import (
-    CUMULATIVE,
-    RunState,
     StepFunctions,
     Callbacks,
-    setup,
     rollout_step,
     update_step,
     evaluate,

@@ -12,20 +12,26 @@ from pathlib import Path
 from typing import Any
 
 from ada_core.data import load_prompts, warm_start_prompts
-from ada_core.models import encode_prompts, load_policy, resolve_model, sft_warm_start
+from ada_core.models import encode_prompts, load_policy, resolve_model, sft_warm_start, weights_sha256
 from ada_core.records import Prompt
 
 Progress = Callable[[int, int], None]
 
 
 def start_model(model: str, sft_steps: int, dataset: str, seen: list[Prompt], seed: int,
-                progress: Progress | None = None) -> tuple[Path, Any, Any]:
+                progress: Progress | None = None, sft: dict[str, Any] | None = None) -> tuple[Path, Any, Any]:
     """(model folder, policy, tokenizer) a run starts from: `model` resolved, then `sft_steps` of SFT
-    warm start on prompts of `dataset` outside `seen` (the RL and eval prompts) when above 0."""
+    warm start on prompts of `dataset` outside `seen` (the RL and eval prompts) when above 0, drawn and
+    ordered by `seed` (the data seed: every seed of a comparison starts from the same model). `sft` is
+    the config's `sft` section as a dict (SftConfig's defaults when None)."""
+    from ada_core.config.schema import SftConfig
+
     model_dir = resolve_model(model)
     if sft_steps > 0:
-        model_dir = sft_warm_start(model_dir, warm_start_prompts(dataset, seen, seed), steps=sft_steps, seed=seed,
-                                   progress=progress)
+        opts = SftConfig(**(sft or {}))
+        prompts = warm_start_prompts(dataset, seen, seed, size=opts.prompts, carry_slip=opts.carry_slip)
+        model_dir = sft_warm_start(model_dir, prompts, steps=sft_steps, batch_size=opts.batch_size, lr=opts.lr,
+                                   seed=seed, progress=progress)
     policy, tokenizer = load_policy(model_dir)
     return model_dir, policy, tokenizer
 
@@ -34,6 +40,7 @@ def curate_for_model(
     model: str, sft_steps: int, dataset: str, pool_size: int, k: int, ceiling: float, seed: int, max_tokens: int,
     temperature: float, positive_threshold: float, micro_batch_size: int, out_dir: str | Path,
     sft_progress: Progress | None = None, progress: Progress | None = None, band: list[float] | None = None,
+    sft: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Draw a pool of `pool_size` prompts, difficulty-filter it with the start model (`start_model` on the
     pool) and save the curated set to `out_dir`; returns {model, pool, kept, dropped} for its summary.
@@ -46,7 +53,7 @@ def curate_for_model(
     from ada_core.rl.rewards import MathVerifier
 
     pool = load_prompts(dataset, size=pool_size, seed=seed)
-    model_dir, policy, tokenizer = start_model(model, sft_steps, dataset, pool, seed, progress=sft_progress)
+    model_dir, policy, tokenizer = start_model(model, sft_steps, dataset, pool, seed, progress=sft_progress, sft=sft)
     encode_prompts(tokenizer, pool)
     engine = TransformersRolloutEngine(policy, tokenizer, micro_batch_size=micro_batch_size)
     sampling = SamplingParams(temperature=temperature, top_p=1.0, max_tokens=max_tokens, seed=seed)
@@ -56,6 +63,7 @@ def curate_for_model(
     curation.save_curated(result, out_dir)
     return {
         "model": str(model_dir),
+        "model_sha256": weights_sha256(model_dir),
         "pool": len(pool),
         "kept": result.report["kept"],
         "dropped": {f"{stage['stage']}/{reason}": info["count"]

@@ -149,6 +149,18 @@ def test_sft_learns_and_is_cached(one_digit_sft, tiny_model):
     assert other != folder and json.loads((other / "sft.json").read_text())["prompts"] == 50
 
 
+def test_the_sft_section_reaches_the_warm_start(tiny_model):
+    """`sft.lr` and `sft.batch_size` are what the warm start trains with: recorded, and other weights."""
+    from ada_core.models import weights_sha256
+    from ada_core.training.start import start_model
+
+    folders = [start_model(str(tiny_model), 3, "arithmetic", [], 0, sft=sft)[0]
+               for sft in ({}, {"lr": 1e-3}, {"batch_size": 16})]
+    infos = [json.loads((f / "sft.json").read_text()) for f in folders]
+    assert [(i["lr"], i["batch_size"]) for i in infos] == [(2e-3, 128), (1e-3, 128), (2e-3, 16)]
+    assert len({weights_sha256(f) for f in folders}) == 3
+
+
 def test_sft_into_chosen_folder_and_bad_args(tiny_model, tmp_path):
     prompts = generate_prompts("arithmetic", 8, seed=0)
     out = sft_warm_start(tiny_model, prompts, steps=2, batch_size=4, seed=1, out_dir=tmp_path / "warm")

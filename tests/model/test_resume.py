@@ -15,7 +15,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from ada_core.cli import INPUT_ERROR_EXIT, app
+from ada_core.cli import INPUT_ERROR_EXIT, RUN_FAILURE_EXIT, app
+from ada_core.paths import bytes_under
+from ada_core.run.checkpoints import verify_checkpoint
 from ada_core.run.files import read_metrics
 from ada_core.run.folder import lock_holder
 from ada_core.run.resume import resumed_config
@@ -148,3 +150,37 @@ def test_a_live_run_is_refused_by_pid_and_once_its_process_is_gone_resume_contin
     assert without_timing(read_metrics(run)) == without_timing(read_metrics(base))
     config = yaml.safe_load((run / "config.yaml").read_text())
     assert (config["preset"], config["sampler"]["name"], config["steps"]) == ("ada-balance", "ada", 2)
+
+
+@pytest.fixture()
+def small_disk(base, tmp_path):
+    """A file system of the test's own (tmpfs) with room for one checkpoint of `base`'s run, not two."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small file system needs root")
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    size = int(1.5 * bytes_under(base / "checkpoints" / "step_000001")) // 1024
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}k", "tmpfs", str(folder)], check=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def test_a_disk_that_fills_at_a_checkpoint_is_one_line_leaves_no_partial_folder_and_the_last_one_resumes_exactly(
+        base, small_disk):
+    """The run folder's disk fills while step 2's checkpoint is written: one line naming the folder and the
+    space needed, the partial folder gone (its space free again), step 1's checkpoint intact; once there is
+    room, the resume is the run `base` ran uninterrupted."""
+    run = small_disk / "run"
+    result = cli("--preset", "ada-balance", "--steps", 2, "--output-dir", run, *SMALL)
+    assert result.exit_code == RUN_FAILURE_EXIT, result.output
+    line = one_line(result)
+    assert f"no space left in {run / 'checkpoints'} for checkpoint step_000002: it needs about " in line, line
+    assert "the partial .tmp_step_000002 was removed; free space, then resume the run (from step_000001)" in line
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000001"]
+    assert verify_checkpoint(run / "checkpoints" / "step_000001") is None  # whole: every file matches its manifest
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)  # the user frees space
+    result = cli("--resume", run)
+    assert result.exit_code == 0, result.output
+    assert without_timing(read_metrics(run)) == without_timing(read_metrics(base))

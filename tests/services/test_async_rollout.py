@@ -15,6 +15,7 @@ from ada_core.config import build_config
 from ada_core.run.files import read_metrics
 from ada_core.run.ledger import read_rows
 from ada_core.training import Callbacks, run_steps, setup
+from ada_core.training.feed import load_ahead
 
 pytestmark = pytest.mark.slow
 
@@ -62,14 +63,43 @@ def test_async_steps_2_draws_two_batches_ahead_and_never_older(vllm_server, tmp_
     assert all(r[K.ASYNC_STEPS] == 2 for r in rows)
 
 
+def test_a_failed_weight_load_is_seen_before_the_steps_evaluation(vllm_server, tmp_path, monkeypatch):
+    """The server's reload of update 2's weights fails (it keeps version 1): step 2's evaluation is not
+    scored on version 1 and logged as step 2's; the run stops with one error naming the load. The same
+    on the in-process engine: tests/model/test_async_feed.py."""
+    from ada_core.engines.vllm_engine import VLLMRolloutEngine, WeightSyncError
+    from ada_core.training.feed import WeightLoadError
+
+    reload = VLLMRolloutEngine.reload_weights
+
+    def failing(self, folder, version):
+        if version == 2:
+            raise WeightSyncError("weight sync to version 2: /collective_rpc answered 500")
+        return reload(self, folder, version)
+
+    monkeypatch.setattr(VLLMRolloutEngine, "reload_weights", failing)
+    run = tmp_path / "run"
+    state = setup(_config("grpo", vllm_server.base_url, 3, eval_every=2, eval_k=2), run)
+    try:
+        with pytest.raises(WeightLoadError, match="weight version 2") as failure:
+            run_steps(state)
+        assert state.rollout.server_weight_version() == "1"
+    finally:
+        state.close()
+    assert [r["step"] for r in read_metrics(run) if K.EVAL_AVG_AT_K in r] == [0]
+    assert "evaluation" in str(failure.value) and "answered 500" in str(failure.value)
+
+
 class Killed(RuntimeError):
     pass
 
 
 def test_a_killed_and_resumed_async_run_loses_and_repeats_no_sample(vllm_server, tmp_path):
     """Est (per-prompt pass-rate estimates kept across steps) with async_steps=1: when the step-2 checkpoint is
-    written, batch 3 is already being drawn; the checkpoint keeps the state from before it, so the
-    resumed run draws batch 3 again and the ledger has each (step, prompt) once."""
+    written, batch 3 is already being drawn on version 1; the checkpoint waits for it and holds it with
+    the state after it, so the resumed run trains that batch on version 1, as the uninterrupted run
+    does, and the ledger has each (step, prompt) once. (Equal to the uninterrupted run row for row:
+    tests/model/test_async_feed.py.)"""
     config = _config("ada-est", vllm_server.base_url, 4, checkpoint_every=2,
                      ledger={"url": f"sqlite:///{tmp_path / 'l.db'}"})
     run_dir = tmp_path / "run"
@@ -85,7 +115,9 @@ def test_a_killed_and_resumed_async_run_loses_and_repeats_no_sample(vllm_server,
     finally:
         state.close()
     saved = json.loads((run_dir / "checkpoints" / "step_000002" / "trainer_state.json").read_text())
-    assert saved["source"]["position"] == 16 and saved["source"]["epoch"] == 0  # before batch 3, not after
+    assert saved["source"]["position"] == 24 and saved["source"]["epoch"] == 0  # after batch 3, which it holds
+    [ahead] = load_ahead(run_dir / "checkpoints" / "step_000002")
+    assert (ahead.step, ahead.version) == (3, 1) and len(ahead.batch.pools) == 8
     assert {r["step"] for r in read_rows(run_dir)} == {1, 2, 3}
 
     resumed = setup(config, run_dir, resume=run_dir)
@@ -99,6 +131,7 @@ def test_a_killed_and_resumed_async_run_loses_and_repeats_no_sample(vllm_server,
     assert Counter(r["step"] for r in rows) == {1: 8, 2: 8, 3: 8, 4: 8}
     steps = [r for r in read_metrics(run_dir) if K.TRAIN_LOSS in r]
     assert [r["step"] for r in steps] == [1, 2, 3, 4]
-    # Resumed at step 2 on the checkpoint's weights: batch 3 is fresh, batch 4 one update old again.
-    assert [r[K.ASYNC_STALENESS_MAX] for r in steps] == [0, 1, 0, 1]
+    # Batch 3 came from the checkpoint, drawn on version 1; batch 4 was drawn on the checkpoint's weights.
+    assert [r[K.ASYNC_POLICY_VERSION] for r in steps] == [0, 0, 1, 2]
+    assert [r[K.ASYNC_STALENESS_MAX] for r in steps] == [0, 1, 1, 1]
     assert all(r[K.ASYNC_STALENESS_MAX] <= r[K.ASYNC_STEPS] == 1 for r in steps)

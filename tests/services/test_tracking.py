@@ -45,7 +45,8 @@ def _checkpoint(tmp_path: Path) -> Path:
 def _round_trip(uri: str, tmp_path: Path, model_name: str) -> None:
     """Log one run the way the train flow does, then read everything back through MlflowClient."""
     config = build_config("ada-balance", "tiny", overrides={"seed": 3})
-    params = tracking.run_params(config, variant="ada-balance", dataset_digest="abc123", extra={"num_params": 402000})
+    params = tracking.run_params(config, variant="ada-balance", dataset_digest="abc123", extra={"num_params": 402000},
+                                 facts=tracking.run_facts(curate=False))
     checkpoint = _checkpoint(tmp_path)
     with tracking.tracked_run(uri, "tracking-test", run_name="parent") as (client, parent_id):
         with tracking.tracked_run(uri, "tracking-test", run_name="child", parent_run_id=parent_id) as (_, run_id):

@@ -220,7 +220,7 @@ class _KillOnFirstSample:
 
     def _kill(self):
         process = self.server.process
-        if process is not None and process.poll() is None:
+        if process is not None and self.server.exit_code() is None:
             self.shared = shm_in_use([c.pid for c in psutil.Process(process.pid).children(recursive=True)])
             support.kill_vllm_server(process)
 
@@ -320,6 +320,56 @@ def test_a_launched_server_dies_with_its_driver_however_it_dies(tiny_model, tmp_
                 os.killpg(pgid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+PID_REUSE = r"""
+import json, os, subprocess, sys
+import psutil
+from ada_core.engines.vllm_server import VLLMServer, VLLMServerError
+server = VLLMServer(sys.argv[1], log_path=sys.argv[2], startup_timeout_s=600).start()
+launcher = server.process.pid
+for child in psutil.Process(launcher).children(recursive=True):  # vLLM dies (an out-of-memory kill) ...
+    child.kill()
+os.waitid(os.P_PID, launcher, os.WEXITED | os.WNOWAIT)  # ... and its launcher after it: -9, not reaped here
+for orphan in psutil.Process().children():  # vLLM's orphans came to this process, the namespace's init
+    if orphan.pid != launcher:
+        os.waitpid(orphan.pid, 0)
+try:
+    server.check_alive()  # what the engine and a pool's failover ask: they see it died
+except VLLMServerError:
+    pass
+with open("/proc/sys/kernel/ns_last_pid", "w") as fh:  # the next process gets the launcher's pid, if it is free
+    fh.write(str(launcher - 1))
+victim = subprocess.Popen(["sleep", "300"], start_new_session=True)  # leads a group of its own, like any daemon
+server.stop()  # hours later: the pool's close()
+try:
+    victim.wait(timeout=2)  # a signal lands a moment after kill() returns
+except subprocess.TimeoutExpired:
+    pass
+print(json.dumps({"launcher": launcher, "victim": victim.pid, "victim_alive": victim.poll() is None}), flush=True)
+victim.kill()
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a pid namespace (unshare --pid) needs root")
+def test_stopping_a_server_whose_launcher_died_long_ago_signals_no_process_of_someone_else(tiny_model, tmp_path):
+    """The launcher dies and is seen dead (the engine's check, a pool's failover); the pool's close() comes
+    later, when its pid may be another process's, leading a group of its own. That process must live.
+
+    Run in a pid namespace of its own, where the next pid can be chosen (/proc/sys/kernel/ns_last_pid),
+    so the stranger gets the launcher's pid whenever the kernel has freed it."""
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", PID_REUSE,
+                          str(tiny_model), str(tmp_path / "server.log")], env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert run.returncode == 0, f"{run.stderr[-3000:]}\n{(tmp_path / 'server.log').read_text()[-2000:]}"
+    result = json.loads(run.stdout.splitlines()[-1])
+    assert result["victim_alive"], (f"stop() killed pid {result['victim']}, which had the pid of its launcher "
+                                    f"({result['launcher']}) reaped long before")
 
 
 def _group(pgid: int) -> list[int]:
