@@ -18,7 +18,7 @@ ephemeral Prefect API server": 4 of 4 first starts in a row did on this shared 2
 10 with 300. Servers started together on one new database also race in the migrations; the
 platform's flows migrate it once first (`flows.runtime.prepare_local_prefect`). The heartbeat, when
 on, writes its session row into the new database during the first API writes and logs
-`database is locked`. docs/BENCHMARKS.md (Temporary Prefect server) has the runs.
+`database is locked`. docs/benchmarks/prefect-start.md has the runs.
 """
 
 import os

@@ -29,7 +29,7 @@ from flows import fanout, tracking
 from flows.group import child_params, finish_group, group_folder, group_tags, log_group_params, run_children
 from flows.params import MATCHED_LABEL, CompareParams, TrainParams
 from flows.runtime import flow, set_torch_threads
-from flows.train import prepare_data
+from flows.train import name_flow_run, prepare_data
 
 REFERENCE = "ada-balance"
 
@@ -87,6 +87,7 @@ def compare(params: CompareParams = CompareParams()) -> dict[str, Any]:
                    "each; the children are the nested runs, the report is under `report/`.")
     with tracking.tracked_run(uri, params.experiment, group, tags=group_tags("compare", group),
                               run_id=parent_run, description=description) as (client, parent_id):
+        name_flow_run(client.get_run(parent_id).info.run_name)  # one name in both UIs, as its children have
         logger.info("compare %s: MLflow parent run %s at %s", group, parent_id, uri)
         log_group_params(client, parent_id, params, variants=params.variants, seeds=params.seeds,
                          matched_grpo=params.matched_grpo, register_as=params.register_as, alias=params.alias,
@@ -94,7 +95,7 @@ def compare(params: CompareParams = CompareParams()) -> dict[str, Any]:
         first = configs[(params.regimes[0], order[0], params.seeds[0])]
         if params.curate:  # once up front; every child's curate_dataset is then a cache hit
             run_config, provenance = prepare_data(first, True, params.curation_seed)
-            train_prompts = provenance["curated_prompts"] - first.data.eval_size
+            train_prompts = provenance["curated_prompts"] - first.data.eval_size - first.data.val_size
         else:
             train_prompts = first.data.train_size
         if "fresh" in params.regimes:

@@ -10,7 +10,7 @@ the `evaluate` task. Which prompts:
 - a model the platform trained (a registered version, a `runs:/` artifact, a checkpoint in a run
   folder): that run's own held-out split, read from its run folder's config.yaml (its dataset, the
   curated set included, its sizes and seed): never a prompt it trained on, and the same prompts as
-  its eval/avg_at_k curve. `eval_size` takes the first that many of them.
+  its held-out accuracy curve (`accuracy/heldout_avg_at_k`). `eval_size` takes the first that many of them.
 - `dataset` given, or any other model: the held-out split of `dataset` (default the profile's).
 With a `suite` it also scores every benchmark of it (hub datasets, ada_core/data/suites.py) at the
 suite's k, temperature and token limit, and logs the paper's accuracy table (markdown and an MLflow table).

@@ -31,7 +31,7 @@ from ada_core.paths import runs_dir
 from ada_core.run.files import CONFIG, read_result
 from flows import fanout, tracking
 from flows import resume as resuming
-from flows.params import GroupSettings, RunSettings, TrainParams, flatten_dotted
+from flows.params import GROUP_DATA_SEED, GroupSettings, RunSettings, TrainParams, flatten_dotted
 from flows.runtime import run_stamp
 from flows.tracking import links
 from flows.train import resume_config, train
@@ -55,7 +55,7 @@ def child_params(settings: RunSettings, preset: str, seed: int, label: str, trac
     """The `train` parameters of one child: the group's settings plus this point's preset, seed and overrides."""
     shared = settings.model_dump(include=set(RunSettings.model_fields))
     own = settings.shared_overrides_for(settings.build(preset, seed, extra_overrides, group=True))
-    shared["overrides"] = {**own, **flatten_dotted(extra_overrides or {})}
+    shared["overrides"] = {"data.seed": GROUP_DATA_SEED, **own, **flatten_dotted(extra_overrides or {})}
     shared["tracking_uri"] = tracking_uri  # the parent's backend, whatever resolution would say later
     if prompts_per_step is not None:
         shared["prompts_per_step"] = prompts_per_step
@@ -145,10 +145,18 @@ def group_folder(settings: RunSettings, kind: str, uri: str) -> tuple[Path, str 
     return target.run_dir, target.run_id
 
 
+def selection_key(results: list[dict[str, Any]]) -> str:
+    """What picks the best child: final validation avg@k when every evaluated child has one (`data.val_size`), so
+    the policy is not picked on the held-out set it is reported on; final held-out avg@k otherwise."""
+    scored = [r for r in results if r.get("model_artifact") and K.EVAL_AVG_AT_K in r["metrics"]]
+    return K.VAL_AVG_AT_K if scored and all(K.VAL_AVG_AT_K in r["metrics"] for r in scored) else K.EVAL_AVG_AT_K
+
+
 def best_result(results: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The child with the highest final held-out avg@k (first wins a tie); None if none evaluated."""
-    scored = [r for r in results if r.get("model_artifact") and not math.isnan(r["metrics"].get(K.EVAL_AVG_AT_K, math.nan))]
-    return max(scored, key=lambda r: r["metrics"][K.EVAL_AVG_AT_K]) if scored else None
+    """The child with the highest `selection_key` score (first wins a tie); None if none evaluated."""
+    key = selection_key(results)
+    scored = [r for r in results if r.get("model_artifact") and not math.isnan(r["metrics"].get(key, math.nan))]
+    return max(scored, key=lambda r: r["metrics"][key]) if scored else None
 
 
 def failures_markdown(failures: list[dict[str, Any]]) -> str:
@@ -205,8 +213,9 @@ def finish_group(
         )
         registered = {"name": register_as, "version": version, "alias": alias, "variant": best["variant"],
                       "seed": best["seed"], "uri": f"models:/{register_as}@{alias}"}
-        client.log_metric(parent_run_id, "best/eval_avg_at_k", best["metrics"][K.EVAL_AVG_AT_K])
+        client.log_metric(parent_run_id, K.BEST_EVAL_AVG_AT_K, best["metrics"][K.EVAL_AVG_AT_K])
         client.set_tag(parent_run_id, "ada.best_variant", best["variant"])
+        client.set_tag(parent_run_id, "ada.best_selected_on", selection_key(results))
         logger.info("registered %s version %s (%s, seed %s) as @%s", register_as, version, best["variant"],
                     best["seed"], alias)
 
@@ -216,7 +225,8 @@ def finish_group(
     model_line = (f"Best policy: `{registered['uri']}` (version {registered['version']}, {registered['variant']}, "
                   f"seed {registered['seed']})." if registered else "No evaluated checkpoint to register.")
     parent = links.markdown_link(parent_run_id, links.mlflow_run_url(uri, experiment_id, parent_run_id))
-    plots = report.plots_markdown(lambda name: links.mlflow_artifact_url(uri, parent_run_id, f"report/{name}"))
+    plots = report.plots_markdown(lambda name: links.mlflow_artifact_url(uri, parent_run_id, f"report/{name}"),
+                                  lambda name: links.mlflow_artifact_page_url(uri, experiment_id, parent_run_id, f"report/{name}"))
     create_markdown_artifact(
         markdown=f"{report.summary}\n\n{model_line}\n\nMLflow parent run {parent}, report files in "
                  f"`{report.directory}` and on the parent run under `report/`.\n\n## Children\n\n{children}\n\n"

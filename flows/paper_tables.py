@@ -2,8 +2,10 @@
 
 Each pool (a name and its config overrides: the standard curated set, the hard 1-2-of-16 set) is one
 `compare` run with its own MLflow parent run and report; this flow then reads every finished child's
-run folder and writes Tables A, B and C (report/paper_tables.py) for all pools together: as a Prefect
-markdown artifact (`paper-tables`) and as `report/paper_tables.md` on every pool's MLflow parent run.
+run folder and writes Tables A-D (report/paper_tables.py: accuracy, step time, equal budget, steps and
+samples to GRPO n = 4's final accuracy) for all pools together, each row saying the step or budget it
+is read at: as a Prefect markdown artifact (`paper-tables`) and as `report/paper_tables.md` on every
+pool's MLflow parent run.
 `benchmarks/paper_tables.py` is its command line.
 
 A pool whose folder is given in `resume` reopens that compare group: finished children are skipped.
@@ -19,7 +21,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows import tracking
 from flows.compare import compare
-from flows.params import CompareParams
+from flows.params import PaperTablesParams
 from report import load_run
 from report.paper_tables import paper_tables_markdown
 
@@ -38,38 +40,43 @@ def finished_runs(group_dir: str | Path) -> list:
     return runs
 
 
+def unfinished_children(group_dir: str | Path) -> list[str]:
+    """`ada-est-s2 (last evaluation at step 20)` for every child of a compare group folder that started and
+    did not finish: the tables leave it out, and whoever reads a killed grid's tables should see it named."""
+    from ada_core import metrics as K
+    from ada_core.run.files import read_metrics, read_result
+
+    out = []
+    for child in sorted(p for p in Path(group_dir).iterdir() if p.is_dir() and read_result(p) is None):
+        rows = read_metrics(child)
+        if rows:
+            steps = [row["step"] for row in rows if K.EVAL_AVG_AT_K in row]
+            out.append(f"{child.name} ({f'last evaluation at step {max(steps)}' if steps else 'no evaluation'})")
+    return out
+
+
 def order_runs(runs: list, methods: list[str]) -> list:
     rank = {m: i for i, m in enumerate(methods)}
     return sorted(runs, key=lambda r: (rank.get(r.label, len(rank)), r.label, r.seed))
 
 
 @flow(name="paper-tables", log_prints=True)
-def paper_tables(
-    methods: list[str], seeds: list[int], pools: dict[str, dict[str, Any]], steps: int | None = None,
-    prompts_per_step: int | None = None, overrides: dict[str, Any] | None = None, experiment: str = "paper-tables",
-    resume: dict[str, str] | None = None, tracking_uri: str | None = None,
-) -> dict[str, Any]:
-    """Run `methods` x `seeds` on every pool through `compare`; return the tables and each pool's summary."""
+def paper_tables(params: PaperTablesParams = PaperTablesParams()) -> dict[str, Any]:
+    """Run `methods` x `seeds` on every pool through `compare`; return the tables and each pool's summary.
+
+    The defaults are the paper grid (flows/params.py `PAPER_*`, benchmarks/paper_tables.py)."""
     logger = get_run_logger()
-    resume = resume or {}
-    unknown = set(resume) - set(pools)
-    if unknown:
-        raise ValueError(f"resume: no pool named {sorted(unknown)}; pools are {sorted(pools)}")
-    params = {pool: CompareParams(
-        variants=methods, seeds=seeds, matched_grpo=False, reference=REFERENCE, steps=steps,
-        prompts_per_step=prompts_per_step, overrides={**(overrides or {}), **pool_overrides},
-        experiment=experiment, resume=resume.get(pool), tracking_uri=tracking_uri,
-    ) for pool, pool_overrides in pools.items()}
-    for pool, p in params.items():  # every child's config before any work: a bad value fails here
-        for method in methods:
-            p.build(method, seeds[0])
+    compares = {pool: params.compare_params(pool) for pool in params.pools}
+    for pool, p in compares.items():  # every child's config before any work: a bad value fails here
+        for method in params.methods:
+            p.build(method, params.seeds[0])
     summaries = {}
-    for pool, p in params.items():
-        logger.info("pool %s: compare over %s x seeds %s", pool, methods, seeds)
-        summaries[pool] = compare.with_options(flow_run_name=f"compare-{pool}")(p)
-    runs_by_pool = {pool: order_runs(finished_runs(Path(s["report_dir"]).parent), methods)
+    for pool, p in compares.items():
+        logger.info("pool %s: compare over %s x seeds %s", pool, params.methods, params.seeds)
+        summaries[pool] = compare(p)  # its flow run takes its MLflow parent run's name
+    runs_by_pool = {pool: order_runs(finished_runs(Path(s["report_dir"]).parent), params.methods)
                     for pool, s in summaries.items()}
-    tables = paper_tables_markdown(runs_by_pool, REFERENCE, order=methods)
+    tables = paper_tables_markdown(runs_by_pool, REFERENCE, order=params.methods)
     uri = summaries[next(iter(summaries))]["tracking_uri"]
     client = tracking.open_client(uri)
     parents = {pool: s["parent_run_id"] for pool, s in summaries.items()}
@@ -80,6 +87,6 @@ def paper_tables(
     for run_id in parents.values():
         client.log_text(run_id, markdown, "report/paper_tables.md")
     create_markdown_artifact(markdown=markdown, key="paper-tables",
-                             description="Tables A, B and C of the paper grid (report/paper_tables.py)")
+                             description="Tables A-D of the paper grid (report/paper_tables.py)")
     return {"markdown": markdown, "parents": parents, "summaries": summaries,
             "groups": {pool: str(Path(s["report_dir"]).parent) for pool, s in summaries.items()}}

@@ -16,7 +16,7 @@ def torch_threads() -> int:
     A flow shares its machine with Prefect (the ephemeral server or the worker), MLflow and the
     verifier's process pool. A torch op spread over every core stalls whenever one of them runs:
     on 2 cores, tiny-model steps inside a flow ran 5-20x slower with 2 threads than with 1
-    (docs/BENCHMARKS.md, Platform overhead).
+    (docs/benchmarks/platform-overhead.md).
     """
     explicit = os.environ.get("ADA_TORCH_THREADS")
     if explicit:

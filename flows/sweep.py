@@ -16,7 +16,7 @@ from flows import tracking
 from flows.group import child_params, finish_group, group_folder, group_tags, log_group_params, run_children
 from flows.params import SweepParams
 from flows.runtime import flow, set_torch_threads
-from flows.train import prepare_data
+from flows.train import name_flow_run, prepare_data
 
 
 @flow(name="sweep", log_prints=True)
@@ -35,6 +35,7 @@ def sweep(params: SweepParams = SweepParams()) -> dict[str, Any]:
                    f"n={params.n}; the children are the nested runs, the report is under `report/`.")
     with tracking.tracked_run(uri, params.experiment, group, tags=group_tags("sweep", group),
                               run_id=parent_run, description=description) as (client, parent_id):
+        name_flow_run(client.get_run(parent_id).info.run_name)  # one name in both UIs, as its children have
         logger.info("sweep %s: %d points x %d seeds; MLflow parent run %s", group, len(grid), len(params.seeds),
                     parent_id)
         log_group_params(client, parent_id, params, variants=params.variants, N=params.N, M=params.M, n=params.n,

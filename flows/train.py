@@ -30,9 +30,10 @@ from prefect.runtime import flow_run
 
 from ada_core.config import TrainConfig
 from ada_core.data import data_digest
-from ada_core.data.hub import parse_hub_id
+from ada_core.data.hub import names_pin, parse_hub_id
 from ada_core.data.prompts import hub_dataset, pin_hub_ids
 from ada_core.errors import ResumeError
+from ada_core.models import weights_sha256
 from ada_core.paths import runs_dir
 from ada_core.run.checkpoints import NoCheckpoint, latest_checkpoint
 from ada_core.run.files import CONFIG, PER_STEP_FILES, RESULT, RUN_INFO, final_metrics, read_metrics, read_run_info
@@ -70,9 +71,9 @@ def check_inputs(config: TrainConfig) -> None:
     """Read the dataset once before any MLflow run or folder exists: a bad file or row, or more prompts
     per step than it holds, fails here."""
     from ada_core.data import run_split
-    from ada_core.training.loop import check_prompts_per_step
+    from ada_core.training.state import check_prompts_per_step
 
-    train_prompts, _ = run_split(config.data, config.seed)
+    train_prompts = run_split(config.data, config.seed).training
     check_prompts_per_step(config, len(train_prompts))
 
 
@@ -107,10 +108,16 @@ def resume_config(params: TrainParams, run_dir: Path) -> tuple[TrainConfig, dict
     asked = flatten_dotted(params.resume_overrides())
     if curation is not None:
         for key, source in (("model", "model"), ("sft_steps", "sft_steps"), ("data.dataset", "dataset")):
-            if key in asked and asked[key] == curation["inputs"][source]:
+            if key in asked and _same_source(asked[key], curation["inputs"][source]):
                 del asked[key]  # the source value curation replaced: the run's own
     config = resumed_config(run_dir, nest_dotted(asked))
     return config, differences(saved, config)
+
+
+def _same_source(asked: Any, recorded: Any) -> bool:
+    """A source value given again on a resume names the one curation recorded: equal, or the hub id that
+    recorded pin (`org/name@<commit>`) was pinned from."""
+    return asked == recorded or (isinstance(asked, str) and isinstance(recorded, str) and names_pin(asked, recorded))
 
 
 def _provenance_of(config: TrainConfig) -> dict[str, Any]:
@@ -237,12 +244,17 @@ def train_run(params: TrainParams) -> dict[str, Any]:
         shown = TrainProgress(label, run_config.steps)
         try:
             tracking.log_params(client, run_id, {"num_params": state.num_params})
+            if state.start_model_dir is not None:  # the start's identity: seeds of a comparison log the same one
+                tracking.log_params(client, run_id, {"start_model_sha256": weights_sha256(state.start_model_dir)})
             if state.skipped_prompts:
                 client.set_tag(run_id, "ada.skipped_long_prompts", str(state.skipped_prompts))
             curated_from = ({"ada.curated_from": config.data.dataset,
                              "ada.curated_from_digest": data_digest(config.data.dataset)} if params.curate else {})
             tracking.log_dataset_inputs(client, run_id, run_config.data.dataset,
-                               {"training": state.source.prompts, "evaluation": state.eval_prompts}, curated_from)
+                               {"training": state.source.prompts, "evaluation": state.eval_prompts,
+                                **({"validation": state.val_prompts} if state.val_prompts else {})}, curated_from)
+            for bench, prompts in state.suite:  # each benchmark scored: its repo, split and pinned commit
+                tracking.log_dataset_inputs(client, run_id, prompts[0].meta["hub_id"], {bench.key: prompts})
             shown.start(state.step)
             (out / RUN_INFO).write_text(json.dumps({
                 "label": variant, "preset": preset, "seed": seed, "num_params": state.num_params,
@@ -306,7 +318,8 @@ def suite_table(config: TrainConfig, model: str):
 
 def name_flow_run(name: str) -> None:
     """Give this flow run its MLflow run's name, so the two UIs list a run under one name (a standalone
-    run otherwise keeps Prefect's random one). A child of compare/sweep already has it."""
+    run otherwise keeps Prefect's random one). A child of compare/sweep already has it; their parents call
+    this with the group's name."""
     flow_run_id = flow_run.get_id()
     if not flow_run_id or flow_run.get_name() == name:
         return

@@ -6,6 +6,8 @@ The tiers, cheapest first (`make test-fast` runs the first alone; `make test` ru
     services/  real servers: vLLM (from .venv-vllm), Ray ranks, PostgreSQL, an MLflow server
     flows/     Prefect flows under Prefect's test harness
     stack/     tests that start Prefect servers of their own: `make ui`, fan-out (stack/conftest.py)
+    cluster/   two hosts in network namespaces on a veth pair, a Ray cluster across them (root only;
+               skips and says why elsewhere): training across hosts, a lost host (cluster/hosts.py)
 
 - `ada_home` (autouse): a fresh ADA_HOME for the whole session, so tests never touch ./.ada and
   costly builds (the tiny model, SFT warm starts, curated sets) are made once and reused; under
@@ -47,7 +49,7 @@ POSTGRES_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 # Session fixtures that start servers (30-60 s each here): under pytest-xdist, the modules that use one
 # share a worker, so it starts once (a module that uses two goes with the first).
 SHARED_SERVERS = ("vllm_server", "ui_stack")
-TIER_ORDER = ("stack", "services", "flows", "model", "fast")
+TIER_ORDER = ("cluster", "stack", "services", "flows", "model", "fast")
 TESTS = Path(__file__).resolve().parent
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from ada_core.config import build_config
@@ -50,9 +52,11 @@ def tiny_config(preset: str, steps: int, **extra):
 
 def put_in_hub_cache(cache, kind: str, repo: str, files: dict, ref: str = "main") -> str:
     """Write `files` (relative path -> bytes, text or a file to copy) as one snapshot of `repo` in a hub
-    cache laid out as huggingface_hub expects (`<kind>s--org--name/snapshots/<commit>/...`, `refs/<ref>`);
+    cache laid out as huggingface_hub's `snapshot_download` leaves it (`<kind>s--org--name/snapshots/<commit>/...`,
+    `refs/<ref>`, and the commit's file list `trees/<commit>.json` with each file's size and git blob id);
     returns the commit, a sha1 of the contents like a git commit id."""
     import hashlib
+    import json
     from pathlib import Path
 
     blobs = {}
@@ -68,6 +72,10 @@ def put_in_hub_cache(cache, kind: str, repo: str, files: dict, ref: str = "main"
         target.write_bytes(data)
     (folder / "refs").mkdir(parents=True, exist_ok=True)
     (folder / "refs" / ref).write_text(commit)
+    listing = {rel: {"size": len(data), "blob_id": hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()}
+               for rel, data in blobs.items()}
+    (folder / "trees").mkdir(exist_ok=True)
+    (folder / "trees" / f"{commit}.json").write_text(json.dumps({"format_version": 1, "files": listing}, indent=1))
     return commit
 
 
@@ -121,18 +129,22 @@ def kill_vllm_server(launcher) -> None:
 
     The launcher is left alone, as it would be: it unlinks what the server had in /dev/shm and exits
     with the server's -9. (Killing the whole process group would take the launcher too, leaving the
-    segments behind: a way the platform never stops a server.)"""
+    segments behind: a way the platform never stops a server.) It is not reaped here: `VLLMServer.stop`
+    reaps it, once it has signalled the group for the last time."""
     import os
-    import signal
+    import time
 
     import psutil
 
     for child in psutil.Process(launcher.pid).children(recursive=True):
         try:
-            os.kill(child.pid, signal.SIGKILL)
-        except ProcessLookupError:
+            child.kill()  # psutil checks the pid is still that child
+        except psutil.NoSuchProcess:
             pass
-    launcher.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while os.waitid(os.P_PID, launcher.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+        assert time.monotonic() < deadline, f"the launcher (pid {launcher.pid}) did not end within 30 s of its server"
+        time.sleep(0.05)
 
 
 def locals_of(failure, function: str) -> dict:
@@ -143,3 +155,67 @@ def locals_of(failure, function: str) -> dict:
         tb = tb.tb_next
     assert tb is not None, f"{function} is not in the traceback"
     return tb.tb_frame.f_locals
+
+
+
+def own_weights_engine(module, tokenizer, micro_batch_size: int = 64, weight_version: int = 0, fail_load=None):
+    """The in-process transformers engine on a copy of the policy of its own, so the trainer's updates reach
+    it only through `sync_weights` / `stage_weights` + `load_staged`, as they reach a vLLM server: what
+    `rollout.async_steps` needs, on the real tiny model, without a vLLM install. `fail_load(version)` may
+    raise to fail that load (the weight-load boundary a server's reload crosses); the engine then keeps
+    the weights it had, as a server whose reload failed does. `engine.loaded`: the versions loaded."""
+    import copy
+    import time
+    from types import SimpleNamespace
+
+    from ada_core import metrics as K
+    from ada_core.engines.transformers_engine import TransformersRolloutEngine
+
+    class OwnWeightsEngine(TransformersRolloutEngine):
+        def sync_weights(self, module, version: int) -> dict[str, float]:
+            return self.load_staged(self.stage_weights(module, version))
+
+        def stage_weights(self, module, version: int):
+            start = time.perf_counter()
+            weights = {k: v.detach().clone() for k, v in module.state_dict().items()}
+            return SimpleNamespace(weights=weights, version=version, write_s=time.perf_counter() - start)
+
+        def load_staged(self, staged) -> dict[str, float]:
+            if fail_load is not None:
+                fail_load(staged.version)
+            self.model.load_state_dict(staged.weights)
+            self.weight_version = staged.version
+            self.loaded.append(staged.version)
+            return {K.SYNC_WRITE_S: staged.write_s, K.SYNC_WEIGHT_VERSION: float(staged.version)}
+
+    engine = OwnWeightsEngine(copy.deepcopy(module), tokenizer, micro_batch_size=micro_batch_size)
+    engine.weight_version, engine.loaded = weight_version, []
+    return engine
+
+
+def with_own_weights_engine(monkeypatch, fail_load=None) -> list:
+    """Make `setup` give every run an `own_weights_engine` (with `fail_load`) in place of the vLLM engine its
+    config names (`rollout.vllm.base_url` is never contacted); returns the engines built, in order."""
+    import ada_core.training.state as state
+
+    built: list = []
+
+    def build(config, model_dir, updater, tokenizer, output_dir, weight_version=0):
+        built.append(own_weights_engine(updater.module, tokenizer, config.rollout.micro_batch_size,
+                                        weight_version=weight_version, fail_load=fail_load))
+        return built[-1]
+
+    monkeypatch.setattr(state, "build_rollout_engine", build)
+    return built
+
+
+def wait_flow_run(client, run_id, timeout_s: float, poll_s: float = 3.0):
+    """The flow run once its state is final (Completed, Failed, Crashed, Cancelled), polled through a Prefect
+    `client`; None if it is not within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        flow_run = client.read_flow_run(run_id)
+        if flow_run.state is not None and flow_run.state.is_final():
+            return flow_run
+        time.sleep(poll_s)
+    return None

@@ -5,7 +5,8 @@ through this package alone. By concern:
 
 - `store`: where runs go (tracking URI resolution, the `make ui` server), experiments, `tracked_run`.
 - `logger`: what a run logs: params, metrics, generation tables, checkpoints (`RunLogger`).
-- `budget`: accuracy and reward as MLflow series whose step is the budget (`BudgetAxes`).
+- `budget`: accuracy and reward as MLflow series whose step is the budget, on a grid every run shares
+  (`BudgetAxes`, `BudgetGrid`, `grid_points`).
 - `lineage`: the training and evaluation sets as MLflow dataset inputs.
 - `registry`: registering a policy, downloading a registered model.
 - `runs`: run lookups (of a run folder, of a flow run, a deployed child's result), process
@@ -16,7 +17,7 @@ through this package alone. By concern:
 """
 
 from flows.tracking import links
-from flows.tracking.budget import BUDGET_SERIES, VS_MFLOPS, VS_SAMPLES, BudgetAxes
+from flows.tracking.budget import BUDGET_SERIES, BudgetAxes, BudgetGrid, grid_points
 from flows.tracking.lineage import log_dataset_inputs
 from flows.tracking.logger import (
     NOT_APPLICABLE,
@@ -73,9 +74,9 @@ from flows.tracking.store import (
 
 __all__ = [
     "BUDGET_SERIES", "CHAMPION_ALIAS", "EXPERIMENT_KIND", "EXPERIMENT_KIND_TAG", "EXPERIMENT_NOTE", "FLOW_RUN", "HOST",
-    "NOT_APPLICABLE", "PID", "PID_START", "REGISTERED_MODEL", "SERVERS_FILE", "STUDY", "VS_MFLOPS", "VS_SAMPLES", "BudgetAxes",
+    "NOT_APPLICABLE", "PID", "PID_START", "REGISTERED_MODEL", "SERVERS_FILE", "STUDY", "BudgetAxes", "BudgetGrid",
     "MlflowClient", "ResumeTarget", "RunLogger", "artifact_root", "checkpoint_artifact_path", "child_result",
-    "dataset_hash", "default_tracking_uri", "download_model", "ensure_experiment", "experiment_of", "links",
+    "dataset_hash", "default_tracking_uri", "download_model", "ensure_experiment", "experiment_of", "grid_points", "links",
     "log_accuracy_table", "log_checkpoint", "log_dataset_inputs", "log_generations", "log_metrics", "log_params", "mark_dead", "missing_files",
     "open_client", "owner_alive", "process_tags", "reap_dead_runs", "register_policy", "resolve",
     "resolve_tracking_uri", "resume_target", "run_facts", "run_of_flow_run", "run_of_folder", "run_of_model",

@@ -63,9 +63,21 @@ def mlflow_run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str | 
 
 
 def mlflow_artifact_url(tracking_uri: str, run_id: str, path: str) -> str | None:
-    """A URL that serves one artifact file of a run (the server's `get-artifact` route), e.g. a PNG."""
+    """A URL that serves one artifact file of a run (the server's `get-artifact` route), e.g. a PNG for an
+    `<img>`. The server sends every file as an attachment (against XSS on its domain), so a browser that
+    follows it to an HTML page downloads the page: link pages with `mlflow_artifact_page_url`."""
     base = mlflow_base_url(tracking_uri)
     return f"{base}/get-artifact?{urlencode({'path': path, 'run_uuid': run_id}, quote_via=quote)}" if base else None
+
+
+def mlflow_artifact_page_url(tracking_uri: str, experiment_id: str, run_id: str, path: str) -> str | None:
+    """The run's Artifacts tab with one file open: MLflow's UI shows an HTML page there, in a sandboxed frame
+    that runs its scripts (an interactive plotly page works), and an image, a table or text as such."""
+    run = mlflow_run_url(tracking_uri, experiment_id, run_id)
+    if run is None:
+        return None
+    page, query = run.split("?", 1)
+    return f"{page}/artifacts/{quote(path)}?{query}"
 
 
 def run_link_tags(description: str) -> dict[str, str]:

@@ -34,26 +34,28 @@ def dataset_hash(dataset: str) -> str:
 NOT_APPLICABLE = "n/a"
 
 
-def run_facts(curate: bool | None = None) -> dict[str, object]:
+def run_facts(curate: bool) -> dict[str, object]:
     """What a run's applicability depends on besides its config (ada_core/config/applies.py)."""
-    import torch
+    from ada_core.config.applies import run_facts as facts_of
 
-    return {"run.curate": curate, "run.device": "cuda" if torch.cuda.is_available() else "cpu"}
+    return facts_of(curate)
 
 
-def unused_fields(config: TrainConfig, facts: dict[str, object] | None = None) -> set[str]:
-    """Dotted config fields a run of `config` never reads: each field's declared applicability (the schema)."""
+def unused_fields(config: TrainConfig, facts: dict[str, object]) -> set[str]:
+    """Dotted config fields a run of `config` never reads: each field's declared applicability (the schema).
+    `facts` (`run_facts`) must decide every rule: an undecided one raises, it is never logged as read."""
     return not_applicable(config, facts)
 
 
-def run_params(config: TrainConfig, variant: str, dataset_digest: str, extra: dict[str, Any] | None = None,
-               facts: dict[str, object] | None = None) -> dict[str, Any]:
+def run_params(config: TrainConfig, variant: str, dataset_digest: str, extra: dict[str, Any] | None = None, *,
+               facts: dict[str, object]) -> dict[str, Any]:
     """The headline params (N, M, n, variant, sampler, advantage, model, dataset_hash, seed) + the flat config.
 
     Params the run does not read are logged as `n/a`, headline and dotted alike, as each field declares
     (`json_schema_extra` in ada_core/config/schema.py): N and M for GRPO's `fixed`, the `budgeted` fields for
     Ada, `rollout.vllm.*` for the transformers engine. `facts` (`run_facts`) says what the config cannot: whether
-    the flow curates, which device runs it.
+    the flow curates, which device runs it; it is required: a field whose rule it cannot decide is an error, not
+    a value logged as read.
     """
     params: dict[str, Any] = flat_params(config)
     unused = unused_fields(config, facts)

@@ -23,6 +23,7 @@ import mlflow
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
+from ada_core import metrics as K
 from ada_core.paths import ada_home, exclusive_lock
 from flows.tracking import links
 
@@ -114,9 +115,11 @@ def use_tracking_uri(uri: str) -> None:
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # the MLflow 3 UI's switch between its GenAI and training views
 EXPERIMENT_KIND = "custom_model_development"
 EXPERIMENT_NOTE = (
-    "Reinforce-Ada RL post-training runs. Compare held-out accuracy against the budget: chart "
-    "`vs_samples/eval_avg_at_k` (x = cumulative generated samples) or `vs_mflops/eval_avg_at_k` "
-    "(x = estimated compute in MFLOPs), one line per run. compare and sweep runs hold their children."
+    "Reinforce-Ada RL post-training runs. Held-out accuracy leads each run's charts "
+    f"(`{K.EVAL_AVG_AT_K}`); against the budget, chart `{K.budget_axis_key(K.VS_SAMPLES, K.EVAL_AVG_AT_K)}` "
+    f"(step = cumulative generated samples) or `{K.budget_axis_key(K.VS_MFLOPS, K.EVAL_AVG_AT_K)}` (step = "
+    "estimated compute in MFLOPs), and group a study's runs by `ada.variant` for a line and a band over seeds. "
+    "compare and sweep runs hold their children; their report/bands.html has the curves with labelled axes."
 )
 
 

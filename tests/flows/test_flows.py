@@ -35,6 +35,8 @@ SMALL = {
     "data.dataset": "arithmetic:2", "data.train_size": 400, "data.eval_size": 12, "data.curation_k": 4,
     "data.pass_rate_ceiling": 1.0, "sft_steps": 150, "eval_every": 1, "eval_k": 2, "checkpoint_every": 0,
 }
+# A run that does not curate refuses the curation fields (ada_core/config/applies.py: nothing reads them).
+UNCURATED = {k: v for k, v in SMALL.items() if k not in ("data.curation_k", "data.pass_rate_ceiling")}
 HEADLINE = ["N", "M", "n", "variant", "sampler", "advantage", "model", "dataset_hash", "seed"]
 
 
@@ -122,6 +124,62 @@ def test_every_child_logs_params_step_metrics_and_system_metrics(compared):
         assert any(k.startswith("system/cpu") for k in run.data.metrics), run.info.run_name
 
 
+# Every key of a feature these children leave off: asynchronous rollout, the streaming schedule, the KL term,
+# more than one training rank.
+OFF_IN_EVERY_CHILD = {K.ASYNC_STEPS, K.ASYNC_POLICY_VERSION, K.ASYNC_STALENESS_MEAN, K.ASYNC_STALENESS_MAX,
+                      K.ASYNC_WAIT_S, K.TIME_OVERLAP_S, K.BUDGET_ABORTED_TOKENS, K.BUDGET_ABORTED_SAMPLES,
+                      K.TIME_REWARD_OVERLAP_S, K.TRAIN_KL_REF, K.DIST_WORLD_SIZE, K.DIST_RANK_UPDATE_MAX_S,
+                      K.DIST_RANK_UPDATE_MIN_S}
+
+
+def test_a_feature_that_is_off_logs_no_metric(compared):
+    """No child runs async, streaming, KL or two ranks: none of their keys is in MLflow or metrics.jsonl (no
+    all-zero `async/*` charts), and GRPO, which has no unresolved prompts, logs no unresolved counts."""
+    summary, client = compared
+    for name, run in _children(client, summary["parent_run_id"]).items():
+        logged = set(run.data.metrics) | {key for row in read_metrics(run.data.params["run_dir"]) for key in row}
+        assert not {key for key in logged if key.startswith("async/")}, name
+        assert not OFF_IN_EVERY_CHILD & logged, (name, OFF_IN_EVERY_CHILD & logged)
+        assert (K.SAMPLER_UNRESOLVED in logged) == name.startswith("ada-balance"), name
+        assert {K.EVAL_AVG_AT_K, K.REWARD_MEAN, K.TIME_STEP_S} <= logged, name
+
+
+def test_runs_with_different_per_step_budgets_log_budget_points_at_the_same_x_values(compared):
+    """GRPO, Ada-balance and the matched control spend their own samples and FLOPs a step, yet each budget-axis
+    series has its points at the same budgets wherever the runs overlap (the grid they all read their curves off),
+    so MLflow's group-by averages runs point by point. The values are the run's own eval curve, interpolated."""
+    import numpy as np
+
+    summary, client = compared
+    children = _children(client, summary["parent_run_id"])
+    per_step = {name: client.get_metric_history(run.info.run_id, K.BUDGET_GENERATED_SAMPLES)[0].value
+                for name, run in children.items()}
+    # GRPO spends 4 prompts x 4 samples; what Ada and its matched control spend depends on the draws (they can
+    # coincide), so the alignment below is asserted whatever the budgets are, not on their being different.
+    assert per_step["grpo-s0"] == 16, per_step
+    for axis in (K.VS_SAMPLES, K.VS_MFLOPS):
+        for key in (K.EVAL_AVG_AT_K, K.EVAL_PASS_AT_K, K.REWARD_MEAN):
+            series = K.budget_axis_key(axis, key)
+            steps = {name: [m.step for m in client.get_metric_history(run.info.run_id, series)]
+                     for name, run in children.items()}
+            assert all(s == sorted(set(s)) and set(s) <= set(tracking.grid_points(-1, max(s))) for s in steps.values())
+            for a, b in ((a, b) for a in steps for b in steps if a < b):  # any two runs, where both have points
+                start, end = max(steps[a][0], steps[b][0]), min(steps[a][-1], steps[b][-1])
+                assert [x for x in steps[a] if start <= x <= end] == [x for x in steps[b] if start <= x <= end], (
+                    series, a, b, steps)
+            if key != K.REWARD_MEAN:  # the evaluations all start at budget 0: three runs, one set of shared points
+                end = min(s[-1] for s in steps.values())
+                assert len([x for x in steps["grpo-s0"] if x <= end]) >= 3, (series, steps)
+    for run in children.values():  # on the samples axis, the values are the eval curve read off at those budgets
+        run_id = run.info.run_id
+        evals = client.get_metric_history(run_id, K.EVAL_AVG_AT_K)
+        cum = {m.step: m.value for m in client.get_metric_history(run_id, K.BUDGET_GENERATED_SAMPLES_CUM)}
+        x, y = [cum.get(m.step, 0.0) for m in evals], [m.value for m in evals]
+        points = client.get_metric_history(run_id, K.budget_axis_key(K.VS_SAMPLES, K.EVAL_AVG_AT_K))
+        assert [m.step for m in points] == tracking.grid_points(-1, x[-1])
+        assert np.allclose([m.value for m in points], np.interp([m.step for m in points], x, y))
+
+
 def test_checkpoints_and_generation_tables_are_artifacts(compared, tmp_path):
     summary, client = compared
     for run in _children(client, summary["parent_run_id"]).values():
@@ -157,7 +215,8 @@ def test_report_is_on_the_parent_run_and_a_prefect_artifact(compared):
     assert {"effective_ratio.png", "samples_per_step.png", "time_split.png", "report.md"} <= files
     markdown = (Path(summary["report_dir"]) / "report.md").read_text()
     rows = [line for line in markdown.splitlines() if line.startswith("| ") and "±" in line]
-    assert [row.split("|")[1].strip() for row in rows] == ["grpo", "ada-balance", "grpo-matched"]
+    # three tables (what the runs reached, what their sampler drew, what they cost), one row per variant in each
+    assert [row.split("|")[1].strip() for row in rows] == ["grpo", "ada-balance", "grpo-matched"] * 3
     # every variant paired against grpo, and the prompt ledger's plot
     assert "| ada-balance | grpo | generated samples | 1 |" in markdown and "paired.json" in files
     assert "prompt_pass_rates.png" in files
@@ -185,6 +244,43 @@ def test_report_is_on_the_parent_run_and_a_prefect_artifact(compared):
     assert "| `prompts_per_step` | **other** |" in artifacts[0].data
     assert "config_differences.json" in files
     assert "![accuracy_reward_vs_compute](accuracy_reward_vs_compute.png)" in markdown  # report.md shows its plots
+
+
+def test_a_compares_seeds_share_their_start_and_exam_and_its_best_policy_is_picked_on_validation(flows_env):
+    """Seeds vary the training, not the exam (issue 27 item 2): without curation each child warm-starts itself,
+    and still every seed logs the same start model hash, draws the same held-out and validation split and scores
+    the same step-0 accuracy; their training draws differ; the champion is picked on validation."""
+    import yaml
+
+    from ada_core.config import validate_config
+    from ada_core.data import run_split
+    from ada_core.run.files import CONFIG
+    from ada_core.run.ledger import read_rows
+    from flows.compare import compare
+
+    summary = compare(CompareParams(
+        variants=["grpo"], matched_grpo=False, seeds=[0, 1], steps=1, prompts_per_step=4, curate=False,
+        overrides={"data.dataset": "arithmetic:2", "data.train_size": 40, "data.eval_size": 8, "data.val_size": 8,
+                   "sft_steps": 20, "eval_every": 1, "eval_k": 2, "checkpoint_every": 0},
+        experiment="flows-shared-start", register_as="shared-start-policy",
+    ))
+    client = flows_env
+    children = _children(client, summary["parent_run_id"])
+    runs = [children["grpo-s0"], children["grpo-s1"]]
+    assert len({r.data.params["start_model_sha256"] for r in runs}) == 1
+    splits = []
+    for run in runs:
+        config = validate_config(yaml.safe_load((Path(run.data.params["run_dir"]) / CONFIG).read_text()))
+        assert config.data.seed == 0 and config.seed in (0, 1)
+        splits.append([[p.id for p in part] for part in run_split(config.data, config.seed)])
+    assert splits[0] == splits[1] and len(splits[0][2]) == 8
+    first = [{m.step: m.value for m in client.get_metric_history(r.info.run_id, K.EVAL_AVG_AT_K)}[0] for r in runs]
+    assert first[0] == first[1]
+    assert all(K.VAL_AVG_AT_K in r.data.metrics for r in runs)
+    drawn = [[row["prompt_id"] for row in read_rows(Path(r.data.params["run_dir"]))] for r in runs]
+    assert drawn[0] != drawn[1]  # the seed moves what RL draws
+    parent = client.get_run(summary["parent_run_id"])
+    assert parent.data.tags["ada.best_selected_on"] == K.VAL_AVG_AT_K
 
 
 def test_best_policy_is_registered_as_champion(compared):
@@ -311,7 +407,7 @@ def test_evaluate_defaults_to_a_curated_runs_own_held_out_split(compared):
     run_dir = Path(run.data.params["run_dir"])
     config = validate_config(yaml.safe_load((run_dir / CONFIG).read_text()))
     assert config.data.dataset == run.data.params["curated_dataset"]  # the config names the curated set
-    training, held_out = run_split(config.data, config.seed)
+    training, held_out, _ = run_split(config.data, config.seed)
     trained_ids = {r["prompt_id"] for r in read_rows(run_dir)}  # every prompt its steps drew, from the ledger
     assert trained_ids and trained_ids <= {p.id for p in training}
     result = evaluate(EvaluateParams(model=str(run_dir / "checkpoints" / "step_000002"), k=1,
@@ -339,7 +435,7 @@ def test_sweep_runs_the_grid_under_one_parent(flows_env):
 def test_train_flow_on_postgresql(flows_env, postgres_uri):
     from flows.train import train
 
-    result = train(TrainParams(preset="grpo", steps=1, prompts_per_step=4, overrides=SMALL, curate=False,
+    result = train(TrainParams(preset="grpo", steps=1, prompts_per_step=4, overrides=UNCURATED, curate=False,
                                tracking_uri=postgres_uri, experiment="flows-postgres", register_as="pg-policy"))
     client = MlflowClient(tracking.resolve_tracking_uri(postgres_uri))
     run = client.get_run(result["run_id"])
@@ -357,7 +453,7 @@ def test_train_flow_on_postgresql(flows_env, postgres_uri):
 def test_train_flow_with_the_vllm_engine(flows_env, vllm_server):
     from flows.train import train
 
-    overrides = {**SMALL, "rollout.vllm.base_url": vllm_server.base_url}
+    overrides = {**UNCURATED, "rollout.vllm.base_url": vllm_server.base_url}
     result = train(TrainParams(preset="ada-balance", engine="vllm", steps=2, prompts_per_step=4, overrides=overrides,
                                curate=False, experiment="flows-vllm"))
     run = flows_env.get_run(result["run_id"])

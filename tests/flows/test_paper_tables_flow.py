@@ -7,6 +7,8 @@ flows tests' small data, so the SFT start and the standard curation are cache hi
 from __future__ import annotations
 
 import importlib.util
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -32,14 +34,22 @@ def test_smoke_grid_writes_the_three_tables_on_both_parents(prefect_harness, ada
     out = bench.run(bench.parse_args(["--smoke", "--out", str(tmp_path)]))
     markdown = (tmp_path / "paper_tables.md").read_text()
     assert markdown == out["markdown"]
-    for title in ("### Table A", "### Table B", "### Table C"):
+    for title in ("### Table A", "### Table B", "### Table C", "### Table D"):
         assert title in markdown
-    # Table A: one row per method, both pools' columns; Table C pairs ada-est with grpo in each pool
-    assert "| method | standard avg@k | standard pass@k | hard avg@k | hard pass@k | seeds |" in markdown
-    table_c = markdown.split("### Table C")[1]
-    assert "| standard | ada-est | grpo | 1 |" in table_c and "| hard | ada-est | grpo | 1 |" in table_c
+    # every pool read at its runs' last evaluation (step 2), which every row states
+    for pool in ("standard", "hard"):
+        assert f"- pool `{pool}`: read at step 2, the last evaluation of its longest runs; 2 runs reach it\n" in markdown
+    # Table A: one row per pool and method, at step 2; Table C pairs ada-est with grpo in each pool at a
+    # printed budget; Table D reads both against grpo's final accuracy
+    table_a = markdown.split("### Table A")[1].split("### Table B")[0]
+    assert "| pool | method | step | generated samples (mean) | trained tokens (mean) | avg@k | pass@k | seeds |" in table_a
+    assert "| standard | grpo | 2 | 32 |" in table_a and "| hard | ada-est | 2 |" in table_a  # 2 steps x 4 prompts x 4
+    table_c = markdown.split("### Table C")[1].split("### Table D")[0]
+    assert "| standard | ada-est | grpo | 0 |" in table_c and "| hard | ada-est | grpo | 0 |" in table_c
     table_b = markdown.split("### Table B")[1].split("### Table C")[0]
-    assert "| standard | grpo |" in table_b and "(×1.00)" in table_b  # grpo is its own reference
+    assert "| standard | grpo | 1-2 |" in table_b and "(×1.00)" in table_b  # grpo is its own reference
+    table_d = markdown.split("### Table D")[1]
+    assert "| standard | " in table_d and "(grpo at step 2) | ada-est | " in table_d
 
     client = MlflowClient(out["summaries"]["standard"]["tracking_uri"])
     for pool, parent_id in out["parents"].items():
@@ -61,3 +71,23 @@ def test_smoke_grid_writes_the_three_tables_on_both_parents(prefect_harness, ada
     curated = load_curated(config["data"]["dataset"])
     assert curated.prompts and {p.difficulty for p in curated.prompts} <= {0.25, 0.5}
     assert curated.report["params"]["band"] == [0.25, 0.5]
+
+    # The same command on a killed grid (--tables-from): in the standard pool ada-est-s0 stopped after step 1
+    # and kept its result anyway (a run of another length), in the hard pool it started and never finished.
+    # Neither is read; the first is named in every row it would have entered, the second in the header.
+    killed = {pool: tmp_path / f"killed-{pool}" for pool in out["groups"]}
+    for pool, group in out["groups"].items():
+        shutil.copytree(group, killed[pool], ignore=shutil.ignore_patterns("checkpoints"))
+    stopped = killed["standard"] / "ada-est-s0" / "metrics.jsonl"
+    stopped.write_text("".join(line + "\n" for line in stopped.read_text().splitlines() if json.loads(line)["step"] <= 1))
+    (killed["hard"] / "ada-est-s0" / "result.json").unlink()
+    partial = bench.run(bench.parse_args(["--smoke", "--out", str(tmp_path / "partial"), "--tables-from",
+                                          *(f"{pool}={folder}" for pool, folder in killed.items())]))["markdown"]
+    assert "- pool `hard`: 1 runs finished: grpo-s0; not finished, so not read: ada-est-s0 (last evaluation at step 2)" \
+        in partial
+    assert "left out of every table: ada-est seed 0 (stopped at step 1 of 2)" in partial
+    for table in ("### Table A", "### Table B", "### Table C", "### Table D"):
+        section = partial.split(table)[1].split("### ")[0]
+        rows = [line for line in section.splitlines() if line.startswith("| standard |") and "| ada-est |" in line]
+        assert len(rows) == 1 and "seed 0: stopped at step 1 of 2" in rows[0], (table, section)
+    assert "| hard | ada-est |" not in partial.split("### Table A")[1]

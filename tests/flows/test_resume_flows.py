@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from ada_core import metrics as K
 from ada_core.run.files import RUN_INFO, read_metrics
 from flows import tracking
 from flows.params import CompareParams, TrainParams
@@ -162,10 +163,11 @@ def test_a_killed_train_flow_resumes_into_the_same_mlflow_run(resume_env, tmp_pa
     rows = read_metrics(killed)
     assert without_timing(rows) == without_timing(read_metrics(reference["run_dir"]))
     assert_one_value_per_step(client, run_id, rows)
-    for axis in ("vs_samples", "vs_mflops"):  # the budget axes too: each step's point once, as uninterrupted
-        got, want = ([(m.step, m.value) for m in client.get_metric_history(run, f"{axis}/reward_mean")]
-                     for run in (run_id, reference["run_id"]))
-        assert len(want) == TRAIN["steps"] and sorted(got) == sorted(want), (axis, got, want)
+    for axis in (K.VS_SAMPLES, K.VS_MFLOPS):  # the budget axes too: every point once, as uninterrupted
+        for key in (K.REWARD_MEAN, K.EVAL_AVG_AT_K):
+            got, want = ([(m.step, m.value) for m in client.get_metric_history(run, K.budget_axis_key(axis, key))]
+                         for run in (run_id, reference["run_id"]))
+            assert len(want) > 3 and sorted(got) == sorted(want), (axis, key, got, want)
 
 
 def test_a_resumed_compare_skips_the_finished_child_and_resumes_the_killed_one(resume_env, tmp_path, ada_home):
@@ -273,8 +275,7 @@ def test_an_override_the_flow_sets_itself_is_refused_by_the_flow_call(resume_env
 def test_a_crash_in_the_final_checkpoints_send_loses_nothing_on_resume(resume_env, tmp_path, monkeypatch, crash_in):
     """The run crashes while the final checkpoint goes to MLflow: before its metric rows are sent, or with
     one file of the checkpoint uploaded. The resume (nothing left to train) must still send every row and
-    every vs_samples/vs_mflops point, upload the checkpoint whole, register it, and report real metrics."""
-    from ada_core import metrics as K
+    every accuracy/vs_samples and vs_mflops point, upload the checkpoint whole, register it, and report real metrics."""
     from ada_core.run.files import RESULT
     from flows.tracking import logger as tracking_logger
     from flows.train import train
@@ -313,11 +314,17 @@ def test_a_crash_in_the_final_checkpoints_send_loses_nothing_on_resume(resume_en
     assert K.REWARD_MEAN in expected and K.EVAL_AVG_AT_K in expected
     assert result["metrics"] == expected == json.loads((out / RESULT).read_text())["metrics"]
     assert_one_value_per_step(client, run_id, rows)
-    cum = next(r for r in rows if r["step"] == 2 and K.TIME_STEP_S in r)[K.BUDGET_GENERATED_SAMPLES_CUM]
-    for axis in ("vs_samples", "vs_mflops"):
-        assert len(client.get_metric_history(run_id, f"{axis}/reward_mean")) == 2, axis
-        assert len(client.get_metric_history(run_id, f"{axis}/eval_avg_at_k")) == 2, axis  # steps 0 and 2
-    assert sorted(m.step for m in client.get_metric_history(run_id, "vs_samples/eval_avg_at_k")) == [0, int(cum)]
+    first, cum = (next(r for r in rows if r["step"] == s and K.TIME_STEP_S in r)[K.BUDGET_GENERATED_SAMPLES_CUM]
+                  for s in (1, 2))
+    # Every point of the shared grid the run's curves cover, once: evaluations from 0 to the last one's budget,
+    # the reward from step 1's budget on.
+    grid = tracking.grid_points(-1, cum)
+    history = {key: sorted(m.step for m in client.get_metric_history(run_id, K.budget_axis_key(K.VS_SAMPLES, key)))
+               for key in (K.EVAL_AVG_AT_K, K.REWARD_MEAN)}
+    assert history == {K.EVAL_AVG_AT_K: grid, K.REWARD_MEAN: [g for g in grid if g >= first]}, history
+    for key in (K.EVAL_AVG_AT_K, K.REWARD_MEAN):
+        steps = [m.step for m in client.get_metric_history(run_id, K.budget_axis_key(K.VS_MFLOPS, key))]
+        assert steps and len(steps) == len(set(steps)), (key, steps)
     # The registered version's files are all in MLflow, byte for byte the checkpoint's.
     assert str(result["registered_version"]) == "1"
     local = out / "checkpoints" / "step_000002"

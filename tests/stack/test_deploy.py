@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
+from support import wait_flow_run
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +23,6 @@ CURATE_PARAMS = {
     "overrides": {"data.train_size": 48, "data.eval_size": 8, "data.curation_k": 2, "sft_steps": 5},
     "experiment": "deploy-test",
 }
-FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
 def test_ui_serves_deployments_and_a_worker_runs_a_triggered_flow(ui_stack, prefect_api, infra_ui):
@@ -36,7 +36,7 @@ def test_ui_serves_deployments_and_a_worker_runs_a_triggered_flow(ui_stack, pref
         with get_client(sync_client=True) as client:
             deployments = {f"{client.read_flow(d.flow_id).name}/{d.name}": d for d in client.read_deployments()}
             assert set(deployments) == {"train/train", "compare/compare", "evaluate/evaluate", "curate/curate",
-                                        "sweep/sweep"}
+                                        "sweep/sweep", "paper-tables/paper-tables"}
             assert all(d.work_pool_name == "ada-process" for d in deployments.values())
             sweep = deployments["sweep/sweep"]
             assert [s.schedule.cron for s in sweep.schedules] == ["0 3 * * 0"]
@@ -57,6 +57,7 @@ def test_ui_serves_deployments_and_a_worker_runs_a_triggered_flow(ui_stack, pref
                 assert deployments[name].parameters == {"params": {"children": "deployments"}}
                 assert deployments[name].work_queue_name == "groups"
             assert deployments["train/train"].work_queue_name == "default"
+            assert deployments["paper-tables/paper-tables"].work_queue_name == "default"  # it trains itself
             assert client.read_global_concurrency_limit_by_name("ada-train").limit == 1  # ADA_WORKERS=1
 
             # The server checks parameters against the flow's pydantic schema before any run exists.
@@ -65,13 +66,8 @@ def test_ui_serves_deployments_and_a_worker_runs_a_triggered_flow(ui_stack, pref
 
             run = client.create_flow_run_from_deployment(deployments["curate/curate"].id,
                                                          parameters={"params": CURATE_PARAMS})
-            deadline = time.monotonic() + 480
-            while time.monotonic() < deadline:
-                flow_run = client.read_flow_run(run.id)
-                if flow_run.state is not None and flow_run.state.type.value in FINAL:
-                    break
-                time.sleep(3)
-            else:
+            flow_run = wait_flow_run(client, run.id, 480)
+            if flow_run is None:
                 pytest.fail(f"flow run {run.id} not finished in 480 s; worker log:\n{(home / 'ui' / 'ada-worker-0.log').read_text()[-3000:]}")
             assert flow_run.state.type.value == "COMPLETED", (home / "ui" / "ada-worker-0.log").read_text()[-3000:]
             # One training worker (ADA_WORKERS=1) and the group parents' worker, both polling by now.

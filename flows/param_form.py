@@ -1,0 +1,165 @@
+"""The parameter form's vocabulary and its checks, shared by every flow's parameters.
+
+The field types a form offers (preset, profile, engine, a concurrency limit's name), the base model that
+refuses an unknown field, and the free-form `overrides`: nesting its dotted keys, checking each against
+TrainConfig (`check_overrides`), the JSON schema that lets the Prefect server refuse an unknown key
+(`overrides_schema`), and Prefect's JSON wrapper as the form's JSON view sends it (`FormJson`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
+
+from pydantic_core import PydanticUseDefault
+
+from ada_core.config import PROFILES, ConfigError, TrainConfig, flatten_dotted
+
+Preset = Literal["grpo", "grpo-n8", "grpo-n16", "dapo", "ada-pos", "ada-balance", "ada-est", "ada-posterior",
+                 "ada-budget"]
+Profile = Literal["tiny", "testbed", "smollm2-135m", "paper"]
+Engine = Literal["transformers", "vllm"]
+# Prefect refuses these characters in a concurrency limit's name.
+LimitName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[^/%&><]+$")]
+
+
+def nest_dotted(flat: dict[str, Any]) -> dict[str, Any]:
+    """`{"sampler.M": 8, "optim": {"lr": 1e-4}}` -> `{"sampler": {"M": 8}, "optim": {"lr": 1e-4}}`."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        parts = str(key).split(".")
+        if not all(parts):
+            raise ConfigError(f"overrides: empty segment in key {key!r}")
+        node = out
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"overrides: {key!r} sets a field inside {part!r}, which is also set to a value")
+            node = child
+        leaf = parts[-1]
+        if isinstance(value, dict):
+            value = nest_dotted(value)
+            if isinstance(node.get(leaf), dict):
+                value = {**node[leaf], **value}
+        node[leaf] = value
+    return out
+
+
+def check_engine(config: TrainConfig) -> TrainConfig:
+    """vLLM needs its own environment (`make vllm-env`) or a server to attach to; sleep mode needs CUDA."""
+    from ada_core.engines.vllm_server import check_engine_config
+
+    check_engine_config(config)
+    return config
+
+
+def config_field(key: str):
+    """The pydantic field of TrainConfig at dotted `key`, or a ValueError saying why there is none."""
+    model: type[BaseModel] = TrainConfig
+    parts = key.split(".")
+    for depth, part in enumerate(parts):
+        field = model.model_fields.get(part)
+        where = ".".join(parts[:depth]) or "the config"
+        if field is None:
+            known = ", ".join(sorted(model.model_fields))
+            raise ValueError(f"overrides: unknown key {key!r}: {where} has no field {part!r} (its fields: {known})")
+        if depth == len(parts) - 1:
+            return field
+        annotation = field.annotation
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            raise ValueError(  # noqa: TRY004 - pydantic reports a ValueError as the field's error
+                f"overrides: unknown key {key!r}: {'.'.join(parts[: depth + 1])} is a value, not a section")
+        model = annotation
+    raise ValueError(f"overrides: empty key {key!r}")
+
+
+def check_overrides(overrides: dict[str, Any], own: dict[str, str]) -> None:
+    """Refuse an override that is no config field, has the wrong type, or is set by a flow field (`own`:
+    dotted key -> that field's name), naming the key."""
+    for key, value in flatten_dotted(nest_dotted(overrides)).items():
+        if key in own:
+            raise ValueError(f"overrides: {key!r} is set by this flow's own `{own[key]}` field (the run's name, tags "
+                             f"and report use that one); give it there, not in overrides")
+        field = config_field(key)
+        annotation = Annotated[field.annotation, *field.metadata] if field.metadata else field.annotation
+        try:
+            TypeAdapter(annotation).validate_python(value)
+        except ValidationError as err:
+            problem = "; ".join(e["msg"] for e in err.errors())
+            raise ValueError(f"overrides: {key!r}: {problem} (got {value!r})") from None
+
+
+def override_keys(exclude: dict[str, str] | None = None) -> list[str]:
+    """Every dotted key `overrides` may name (each field and each section of TrainConfig), less `exclude`."""
+    keys: list[str] = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            keys.append(prefix + name)
+            if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+                walk(field.annotation, f"{prefix}{name}.")
+
+    walk(TrainConfig, "")
+    return sorted(k for k in keys if k not in (exclude or {}))
+
+
+PREFECT_KIND = "__prefect_kind"
+
+
+def unwrap_form_json(value: Any) -> Any:
+    """A free-form object field (`overrides`, `pools`) as Prefect's run form may send it: the form holds such a
+    field as `{"__prefect_kind": "json", "value": "<its JSON text>"}`, which the server unwraps at the top of
+    the parameters only; from the form's JSON view the wrapper arrives nested, as it is. Its value, parsed;
+    an emptied box (no value) is the field's default."""
+    if not (isinstance(value, dict) and value.get(PREFECT_KIND) == "json"):
+        return value
+    text = value.get("value")
+    if text is None:
+        raise PydanticUseDefault()
+    if not isinstance(text, str):
+        return text
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"not valid JSON: {err}") from None
+
+
+FormJson = BeforeValidator(unwrap_form_json)
+# The wrapper itself, as the server's schema check sees it: the JSON text is checked when the run starts.
+FORM_JSON_SCHEMA = {"properties": {PREFECT_KIND: {"const": "json"}, "value": {"type": ["string", "null"]}},
+                    "required": [PREFECT_KIND], "additionalProperties": False}
+
+
+def form_json_schema(own: dict[str, Any] | None = None) -> Callable[[dict[str, Any]], None]:
+    """`json_schema_extra` of a free-form object field: its constraints (pydantic's, then `own`) apply to an
+    object, or the field is Prefect's JSON wrapper (`unwrap_form_json`): the run form's JSON view submits."""
+    def extra(schema: dict[str, Any]) -> None:
+        inner = {key: schema.pop(key) for key in ("additionalProperties", "minProperties") if key in schema}
+        schema.update({"if": {"required": [PREFECT_KIND]}, "then": FORM_JSON_SCHEMA, "else": {**inner, **(own or {})}})
+    return extra
+
+
+def overrides_schema(exclude: dict[str, str]) -> Callable[[dict[str, Any]], None]:
+    """JSON schema of `overrides` beyond `object`: its keys, so the Prefect server refuses a flow run with an
+    unknown key when the run is created (deployments enforce their parameter schema), in a message short
+    enough to mark the field with: `Additional properties are not allowed ('sampler.MM' was unexpected)` (an
+    `enum` or a pattern of the keys makes one that lists all ~120 of them). The keys sit under `else`, where
+    the form does not look: it shows one JSON box, not a field per key."""
+    return form_json_schema({"properties": {key: {} for key in override_keys(exclude)}, "additionalProperties": False})
+
+
+def by_profile(field: str) -> str:
+    """`60 on tiny, 20 on smollm2-135m, 400 on paper`: what each profile sets `field` to, for a form field's
+    description (a form's default cannot follow the profile chosen, so the description says them all)."""
+    return ", ".join(f"{PROFILES[name][field]} on {name}" for name in get_args(Profile))
+
+
+class FlowParams(BaseModel):
+    """Every flow's parameters: a field the form does not have is refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
