@@ -6,7 +6,8 @@
 #                 starts the weekly sweep's schedule (it ships paused). ADA_UI_HOST=<address> binds beyond
 #                 127.0.0.1 and needs ADA_UI_USER + ADA_UI_PASSWORD (or _FILE) for both servers: infra/TEAM.md
 #   make ui-stop  stop what `make ui` started
-.PHONY: demo ui ui-stop ui-status
+#   make ui-worker  training workers on this machine for a team `make ui` on another (infra/TEAM.md)
+.PHONY: demo ui ui-stop ui-status ui-worker
 
 demo: $(STAMP)
 	$(PY) -m flows.demo $(DEMO_ARGS)
@@ -19,3 +20,6 @@ ui-stop:
 
 ui-status:
 	$(PY) infra/ui.py status
+
+ui-worker: $(STAMP)
+	$(PY) infra/ui.py worker

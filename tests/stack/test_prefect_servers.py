@@ -121,7 +121,7 @@ def test_flows_start_at_once_on_a_fresh_home_with_telemetry_off(tmp_path, tiny_m
 
     With Prefect's own 20 s start-up bound all four timed out on this 2-core machine ("Timed out while
     attempting to connect to ephemeral Prefect API server"); with 300 s and no migration lock, two of
-    four lost the migration race (docs/BENCHMARKS.md, Temporary Prefect server)."""
+    four lost the migration race (docs/benchmarks/prefect-start.md)."""
     home = tmp_path / "home"
     home.mkdir()
     _check_finished(home, [_flow_process(TRAIN_FLOW, home, tiny_model) for _ in range(4)], flows=4)
@@ -133,7 +133,7 @@ def test_flows_start_on_ten_fresh_homes_in_a_row(tmp_path, tiny_model):
     server's very first start, on a database that did not exist. All ten finish.
 
     Before the 300 s start-up bound, 4 of 4 such first starts in a row timed out here. Prints each
-    start's seconds (docs/BENCHMARKS.md, Temporary Prefect server)."""
+    start's seconds (docs/benchmarks/prefect-start.md)."""
     seconds = []
     for i in range(10):
         home = tmp_path / f"home-{i}"

@@ -146,3 +146,28 @@ def test_a_worker_gets_in_with_the_credentials_make_ui_gives_it_and_not_without(
     for log in logs.glob("*.log"):
         assert PASSWORD not in log.read_text(errors="replace"), log
     assert PASSWORD not in " ".join(with_creds.args)
+
+
+def test_ui_status_checks_the_credentials_it_hands_to_workers(team_servers, infra_ui, monkeypatch, capsys):
+    """`make ui-status` under team credentials: the open health checks answer whatever the credentials, so it
+    tries the ones of its environment (what `make ui` hands to workers) on an endpoint each server guards; a
+    401 is a PROBLEM line, and the right ones are ok."""
+    home, creds, prefect_url, mlflow_url = team_servers
+    state = {"prefect_url": prefect_url, "mlflow_url": mlflow_url, "pids": {}, "auth": True}
+    (home / "ui" / "servers.json").write_text(json.dumps(state))
+    monkeypatch.delenv("ADA_UI_PASSWORD_FILE", raising=False)
+    monkeypatch.setenv("ADA_UI_USER", USER)
+    monkeypatch.setenv("ADA_UI_PASSWORD", "not-the-password")
+    assert infra_ui.status(home) == 1
+    lines = {line.split()[1]: line for line in capsys.readouterr().out.splitlines()}
+    assert lines["credentials"].startswith("PROBLEM") and "401" in lines["credentials"], lines
+    assert "Prefect and MLflow refused" in lines["credentials"], lines
+    assert lines["MLflow"].startswith("ok")  # the health check alone would have said all is well
+    assert "not-the-password" not in "".join(lines.values())
+
+    monkeypatch.setenv("ADA_UI_PASSWORD", PASSWORD)
+    infra_ui.status(home)
+    lines = {line.split()[1]: line for line in capsys.readouterr().out.splitlines()}
+    assert lines["credentials"].startswith("ok"), lines
+    results = {what: ok for what, ok, _ in infra_ui.check({**state, "auth": False}, None)}
+    assert results["credentials"] is False  # a team's servers, and a shell with none to hand on
