@@ -76,8 +76,10 @@ def plot_bands_html(runs: list[RunCurves], out: Path) -> Path:
     labels = list(dict.fromkeys(r.label for r in runs))
     colors = {label: qualitative.Plotly[i % len(qualitative.Plotly)] for i, label in enumerate(labels)}
     y_items = list(Y_AXES.items())
-    fig = make_subplots(rows=len(y_items), cols=len(BAND_AXES), horizontal_spacing=0.08, vertical_spacing=0.12,
-                        subplot_titles=[f"{y_label} vs {X_AXES[axis][1]}" for _, y_label in y_items for axis in BAND_AXES])
+    # Panel titles short and the legend above the plots: the page also opens in MLflow's artifact view, a
+    # frame about 600 px wide, where long titles ran into each other and a side legend took a third of it.
+    fig = make_subplots(rows=len(y_items), cols=len(BAND_AXES), horizontal_spacing=0.1, vertical_spacing=0.14,
+                        subplot_titles=[f"vs {X_AXES[axis][1]}" for _ in y_items for axis in BAND_AXES])
     shown: set[str] = set()
     for row, (y_key, y_label) in enumerate(y_items, start=1):
         for col, axis in enumerate(BAND_AXES, start=1):
@@ -102,11 +104,14 @@ def plot_bands_html(runs: list[RunCurves], out: Path) -> Path:
             fig.update_xaxes(title_text=x_label, row=row, col=col)
             fig.update_yaxes(title_text=y_label, row=row, col=col)
     fig.update_layout(
-        title=f"Mean over seeds with a ±1 std band ({_seeds_note(runs)}); click a legend entry to hide a variant",
-        height=420 * len(y_items), template="plotly_white", hovermode="closest",
+        title={"text": f"Mean over seeds with a ±1 std band ({_seeds_note(runs)})<br>"
+                       "<sup>click a legend entry to hide a variant</sup>", "font": {"size": 14}},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.04, "xanchor": "left", "x": 0},
+        height=420 * len(y_items), margin={"t": 130, "l": 60, "r": 20}, template="plotly_white", hovermode="closest",
     )
+    fig.update_annotations(font_size=12)
     path = out / BANDS_HTML
-    fig.write_html(path, include_plotlyjs=True, full_html=True)
+    fig.write_html(path, include_plotlyjs=True, full_html=True, config={"responsive": True})
     return path
 
 

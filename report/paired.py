@@ -1,15 +1,18 @@
 """Paired differences at equal budget: how each variant's held-out accuracy differs from a reference
 run of the same seed and regime, on every budget axis, with a 95% confidence interval over seeds.
 
-For one axis (say cumulative generated samples) and one seed, the common budget is the smaller of
-the two runs' final values; each run's accuracy there is read off its eval curve by linear
-interpolation between evaluations, and the difference is variant - reference. Over seeds the
-mean difference gets a t-interval (mean +- t_{0.975, s-1} * sd / sqrt(s)); one seed gives no interval.
-Pairing by seed removes what the seed shares across variants (the held-out split, the prompt order,
-the start model), which is why these intervals are much tighter than the raw seed spread.
+For one variant and one axis (say cumulative generated samples) every seed is read at ONE budget,
+shared by the row: the smallest final value any of its pairs reached on that axis (the variant's or
+the reference's, over the seeds), so no seed is read further along than another. Each run's accuracy
+there is read off its eval curve by linear interpolation between evaluations, and the difference is
+variant - reference. Over seeds the mean difference gets a t-interval (mean +- t_{0.975, s-1} * sd /
+sqrt(s)); one seed gives no interval. Pairing by seed removes what the seed shares across variants
+(the prompt order, and where the seeds do not share them, the held-out split and the start model),
+which is why these intervals are tighter than the raw seed spread. The row carries its budget, so a
+table can say where it was read: one short run pulls its whole row back, visibly.
 
-A seed whose difference cannot be read (either run has no evaluation up to the common budget) is
-left out of the mean, the interval and the seed count, and the table says how many were excluded.
+A seed whose difference cannot be read (either run has no evaluation) is left out of the shared
+budget, the mean, the interval and the seed count, and the table says how many were excluded.
 """
 
 from __future__ import annotations
@@ -60,8 +63,25 @@ def mean_ci(diffs: list[float]) -> tuple[float, float]:
     return float(np.mean(clean)), float(stats.t.ppf(0.975, len(clean) - 1) * sd / math.sqrt(len(clean)))
 
 
+def shared_budget(pairs: list[tuple[RunCurves, RunCurves]], x_key: str) -> float:
+    """The budget on `x_key` that every pair reached: the smallest final budget of any run in them."""
+    finals = [final_budget(run, x_key) for pair in pairs for run in pair]
+    return min(finals) if finals else math.nan
+
+
+def ci_cell(values: list[float], digits: int = 3) -> str:
+    """`0.412 ± 0.013` (95% t-interval over the values), `0.412 (one seed)`, or `n/a`; NaNs ignored."""
+    mean, half = mean_ci(values)
+    if math.isnan(mean):
+        return "n/a"
+    if math.isnan(half):
+        return f"{mean:,.{digits}f} (one seed)"
+    return f"{mean:,.{digits}f} ± {half:,.{digits}f}"
+
+
 def paired_differences(runs: list[RunCurves], reference: str, axes: dict[str, str]) -> list[dict]:
-    """One row per (variant, axis): mean paired difference from its regime's reference, CI, seeds."""
+    """One row per (variant, axis): mean paired difference from its regime's reference, CI, seeds, and
+    `budget`, the one budget every counted seed was read at."""
     by_key = {(r.label, r.seed): r for r in runs}
     rows = []
     for label in dict.fromkeys(r.label for r in runs):
@@ -72,29 +92,24 @@ def paired_differences(runs: list[RunCurves], reference: str, axes: dict[str, st
         if not seeds:
             continue
         for axis, x_key in axes.items():
-            diffs, budgets, counted, excluded = [], [], [], []
-            for seed in seeds:
-                run, ref = by_key[(label, seed)], by_key[(ref_label, seed)]
-                x = min(final_budget(run, x_key), final_budget(ref, x_key))
-                diff = value_at(run, x_key, x) - value_at(ref, x_key, x) if not math.isnan(x) else math.nan
-                if math.isnan(diff):  # a run with no evaluation at the common budget: no difference to count
-                    excluded.append(seed)
-                    continue
-                counted.append(seed)
-                budgets.append(x)
-                diffs.append(diff)
+            pairs = {seed: (by_key[(label, seed)], by_key[(ref_label, seed)]) for seed in seeds}
+            counted = [s for s in seeds if not any(math.isnan(final_budget(r, x_key)) for r in pairs[s])]
+            excluded = [s for s in seeds if s not in counted]  # a run with no evaluation: nothing to read
+            x = shared_budget([pairs[s] for s in counted], x_key)
+            diffs = [value_at(pairs[s][0], x_key, x) - value_at(pairs[s][1], x_key, x) for s in counted]
             mean, half = mean_ci(diffs)
             rows.append({"variant": label, "reference": ref_label, "axis": axis, "seeds": len(counted),
-                         "mean_diff": mean, "ci95": half, "budget": float(np.mean(budgets)) if budgets else math.nan,
-                         "diffs": diffs, "counted_seeds": counted, "excluded_seeds": excluded})
+                         "mean_diff": mean, "ci95": half, "budget": x, "diffs": diffs, "counted_seeds": counted,
+                         "excluded_seeds": excluded})
     return rows
 
 
 def paired_table(rows: list[dict]) -> str:
-    """Markdown: | variant | vs | at equal | seeds | accuracy difference (95% CI) | common budget |
+    """Markdown: | variant | vs | at equal | seeds | avg@k diff (95% CI) | read at |
 
-    `seeds` counts the seeds whose difference could be read; excluded ones are named next to it."""
-    lines = ["| variant | vs | at equal | seeds | avg@k difference (95% CI) | common budget (mean) |",
+    `seeds` counts the seeds whose difference could be read; excluded ones are named next to it. Short
+    headers, so the table fits a report's column (the report's caption says what a cell is)."""
+    lines = ["| variant | vs | at equal | seeds | avg@k diff (95% CI) | read at |",
              "|---|---|---|---|---|---|"]
     for r in rows:
         if math.isnan(r["mean_diff"]):

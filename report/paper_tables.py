@@ -1,13 +1,22 @@
-"""The paper's two tables and the equal-budget one it lacks, from run folders (arXiv 2510.04996v3).
+"""The paper's two tables, the equal-budget one it lacks and its convergence claim, from run folders
+(arXiv 2510.04996v3).
 
-- Table A (the paper's accuracy table): held-out avg@k and pass@k at the last evaluation, per method and
-  pool, mean ± the half-width of a 95% t-interval over seeds.
+Every pool is read at one step, the last evaluation of its longest runs; a run that stops before it is
+left out of all four tables and named in every row it would have entered (report/pools.py says why
+that and not the shortest run's step). Each row says the step or budget it is read at.
+
+- Table A (the paper's accuracy table): held-out avg@k and pass@k at the pool's read step, per method
+  and pool, mean ± the half-width of a 95% t-interval over seeds, with the mean cumulative generated
+  samples and trained tokens the method had spent by that step.
 - Table B (the paper's step-time table): seconds per step split into generation, reward, update and
   other (the step's wall time minus those three: the weight sync, the sampler's bookkeeping, logging),
-  and generated samples and tokens per step; each cell also as a ratio to the reference (GRPO n = 4) of
-  the same pool.
+  and generated samples and tokens per step, over steps 1 to the read step; each cell also as a ratio
+  to the reference (GRPO n = 4) of the same pool.
 - Table C (what the paper lacks): each method's held-out avg@k minus the reference's at equal cumulative
-  generated samples and at equal trained tokens, paired by seed (report/paired.py), with 95% intervals.
+  generated samples and at equal trained tokens, paired by seed (report/paired.py), with 95% intervals;
+  every seed of a row is read at one budget per axis, printed beside the difference.
+- Table D (the paper's "up to 2x faster convergence"): the steps and generated samples each method needs
+  to reach the reference's final accuracy, and its speed-up (report/convergence.py defines both).
 
 `runs_by_pool` maps a pool name ("standard", "hard") to its runs; a run's label is its method. Table C
 alone also serves any group: `write_report` adds it whenever it is given a reference.
@@ -23,25 +32,13 @@ import yaml
 
 from ada_core import metrics as K
 from ada_core.run.files import CONFIG
+from report.convergence import table_d
 from report.curves import RunCurves
-from report.paired import mean_ci, paired_differences
+from report.paired import ci_cell, mean_ci, paired_differences, reference_for, value_at
+from report.pools import PoolRuns, read_pools
 
 TABLE_C_AXES = {"generated samples": K.BUDGET_GENERATED_SAMPLES_CUM, "trained tokens": K.BUDGET_TRAINED_TOKENS_CUM}
 STEP_PARTS = {"gen": K.TIME_GENERATE_S, "reward": K.TIME_REWARD_S, "update": K.TIME_UPDATE_S}
-
-
-def labels_of(runs: list[RunCurves]) -> list[str]:
-    return list(dict.fromkeys(r.label for r in runs))
-
-
-def ci_cell(values: list[float], digits: int = 3) -> str:
-    """`0.412 ± 0.013` (95% t-interval over the values), `0.412 (one seed)`, or `n/a`."""
-    mean, half = mean_ci(values)
-    if math.isnan(mean):
-        return "n/a"
-    if math.isnan(half):
-        return f"{mean:.{digits}f} (one seed)"
-    return f"{mean:.{digits}f} ± {half:.{digits}f}"
 
 
 def diff_cell(mean: float, half: float) -> str:
@@ -54,27 +51,31 @@ def diff_cell(mean: float, half: float) -> str:
     return f"{bold}{mean:+.3f} [{lo:+.3f}, {hi:+.3f}]{bold}"
 
 
-def method_order(runs_by_pool: dict[str, list[RunCurves]], order: list[str] | None = None) -> list[str]:
-    """Every method of any pool: those in `order` first, in its order, then the rest as they come."""
-    seen = list(dict.fromkeys(label for runs in runs_by_pool.values() for label in labels_of(runs)))
+def budget_cell(values: list[float]) -> str:
+    """A budget as a whole number with thousands separators (`7,680`), the mean of `values`; `n/a` if none."""
+    mean, _ = mean_ci(values)
+    return "n/a" if math.isnan(mean) else f"{mean:,.0f}"
+
+
+def method_order(labels: list[str], order: list[str] | None = None) -> list[str]:
+    """`labels`: those in `order` first, in its order, then the rest as they come."""
     rank = {m: i for i, m in enumerate(order or [])}
-    return sorted(seen, key=lambda m: (rank.get(m, len(rank)), seen.index(m)))
+    return sorted(labels, key=lambda m: (rank.get(m, len(rank)), labels.index(m)))
 
 
 def table_a(runs_by_pool: dict[str, list[RunCurves]], order: list[str] | None = None) -> str:
-    """| method | <pool> avg@k | <pool> pass@k | ... | seeds |, mean ± 95% CI over seeds."""
-    pools = list(runs_by_pool)
-    methods = method_order(runs_by_pool, order)
-    head = "| method | " + " | ".join(f"{p} avg@k | {p} pass@k" for p in pools) + " | seeds |"
-    lines = [head, "|" + "---|" * (2 * len(pools) + 2)]
-    for method in methods:
-        cells, seeds = [], set()
-        for pool in pools:
-            group = [r for r in runs_by_pool[pool] if r.label == method]
-            seeds.update(r.seed for r in group)
-            cells.append(ci_cell([r.last(K.EVAL_AVG_AT_K) for r in group]))
-            cells.append(ci_cell([r.last(K.EVAL_PASS_AT_K) for r in group]))
-        lines.append(f"| {method} | " + " | ".join(cells) + f" | {','.join(str(s) for s in sorted(seeds))} |")
+    """| pool | method | step | generated samples | trained tokens | avg@k | pass@k | seeds |: each pool at its
+    read step; accuracy mean ± 95% CI over the seeds that reach it, the budgets their mean at that step."""
+    lines = ["| pool | method | step | generated samples (mean) | trained tokens (mean) | avg@k | pass@k | seeds |",
+             "|" + "---|" * 8]
+    for pool in read_pools(runs_by_pool).values():
+        for method in method_order(pool.labels, order):
+            runs = pool.of(method)
+            samples, tokens, avg, passed = ([value_at(r, "step", pool.step, key) for r in runs] for key in (
+                K.BUDGET_GENERATED_SAMPLES_CUM, K.BUDGET_TRAINED_TOKENS_CUM, K.EVAL_AVG_AT_K, K.EVAL_PASS_AT_K))
+            cells = [budget_cell(samples), budget_cell(tokens), ci_cell(avg), ci_cell(passed)]
+            lines.append(f"| {pool.name} | {method} | {pool.step:g} | " + " | ".join(cells)
+                         + f" | {pool.seeds_cell(method, [r.seed for r in runs])} |")
     return "\n".join(lines)
 
 
@@ -89,15 +90,16 @@ def step_profile(run: RunCurves) -> dict[str, float]:
 
 
 def table_b(runs_by_pool: dict[str, list[RunCurves]], reference: str = "grpo") -> str:
-    """| pool | method | s/step | gen | reward | update | other | samples/step | tokens/step |: each the mean
-    over seeds of the per-step mean, then `(x ratio)` to the reference of the same pool."""
+    """| pool | method | steps | s/step | gen | reward | update | other | samples/step | tokens/step | seeds |: each
+    the mean over seeds of the per-step mean over steps 1 to the pool's read step, then `(x ratio)` to the
+    reference of the same pool."""
     columns = ["step", "gen", "reward", "update", "other", "samples", "tokens"]
     names = ["s/step", "gen s", "reward s", "update s", "other s", "samples/step", "tokens/step"]
-    lines = ["| pool | method | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 2)]
-    for pool, runs in runs_by_pool.items():
+    lines = ["| pool | method | steps | " + " | ".join(names) + " | seeds |", "|" + "---|" * (len(names) + 4)]
+    for pool in read_pools(runs_by_pool).values():
         means = {}
-        for method in labels_of(runs):
-            profiles = [step_profile(r) for r in runs if r.label == method]
+        for method in pool.labels:
+            profiles = [step_profile(r) for r in pool.of(method)]
             means[method] = {c: _mean(np.array([p[c] for p in profiles])) for c in columns}
         ref = means.get(reference)
         for method, row in means.items():
@@ -108,36 +110,58 @@ def table_b(runs_by_pool: dict[str, list[RunCurves]], reference: str = "grpo") -
                 if ref is not None and ref[c] > 0 and not math.isnan(value):
                     text += f" (×{value / ref[c]:.2f})"
                 cells.append(text)
-            lines.append(f"| {pool} | {method} | " + " | ".join(cells) + " |")
+            seeds = pool.seeds_cell(method, [r.seed for r in pool.of(method)])
+            lines.append(f"| {pool.name} | {method} | 1-{pool.step:g} | " + " | ".join(cells) + f" | {seeds} |")
     return "\n".join(lines)
 
 
-def table_c_rows(runs: list[RunCurves], reference: str = "grpo") -> list[dict]:
-    return paired_differences(runs, reference, TABLE_C_AXES)
+def table_c_rows(pool: PoolRuns, reference: str = "grpo") -> list[list[str]]:
+    """One row of cells per method of the pool but the reference (Table C's columns after `pool`)."""
+    rows = paired_differences(pool.runs, reference, TABLE_C_AXES)
+    out = []
+    for method in pool.labels:
+        ref = reference_for(method, reference)
+        if method == ref:
+            continue
+        by_axis = {r["axis"]: r for r in rows if r["variant"] == method}
+        cells = []
+        for axis in TABLE_C_AXES:
+            row = by_axis.get(axis)
+            cells += [budget_cell([row["budget"]]) if row else "n/a",
+                      diff_cell(row["mean_diff"], row["ci95"]) if row else "n/a"]
+        counted = by_axis[next(iter(TABLE_C_AXES))]["counted_seeds"] if by_axis else []
+        out.append([method, ref, pool.seeds_cell(method, counted, ref), *cells])
+    return out
 
 
-def table_c(runs_by_pool: dict[str, list[RunCurves]], reference: str = "grpo") -> str:
-    """| pool | method | vs | seeds | at equal generated samples | at equal trained tokens |"""
-    lines = ["| pool | method | vs | seeds | avg@k diff at equal generated samples (95% CI) | "
-             "avg@k diff at equal trained tokens (95% CI) |", "|---|---|---|---|---|---|"]
-    for pool, runs in runs_by_pool.items():
-        rows = table_c_rows(runs, reference)
-        for method in dict.fromkeys(r["variant"] for r in rows):
-            by_axis = {r["axis"]: r for r in rows if r["variant"] == method}
-            cells = [diff_cell(by_axis[a]["mean_diff"], by_axis[a]["ci95"]) if a in by_axis else "n/a"
-                     for a in TABLE_C_AXES]
-            first = next(iter(by_axis.values()))
-            lines.append(f"| {pool} | {method} | {first['reference']} | {first['seeds']} | " + " | ".join(cells) + " |")
+def table_c(runs_by_pool: dict[str, list[RunCurves]], reference: str = "grpo", pool_column: bool = True) -> str:
+    """| pool | method | vs | seeds | samples read at | diff | tokens read at | diff |: one budget per row and axis.
+
+    `pool_column=False` leaves the pool out, for a report of one group, where it says nothing (and its
+    width pushed the table past a report's column)."""
+    # short headers, so the table fits a report column; the caption says what a cell is
+    header = ["method", "vs", "seeds", "samples", "diff", "tokens", "diff"]
+    header = ["pool", *header] if pool_column else header
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for pool in read_pools(runs_by_pool).values():
+        lines += ["| " + " | ".join([pool.name] * pool_column + cells) + " |" for cells in table_c_rows(pool, reference)]
     return "\n".join(lines)
 
 
 def paper_tables_markdown(runs_by_pool: dict[str, list[RunCurves]], reference: str = "grpo",
                           order: list[str] | None = None) -> str:
-    """All three tables with their captions, as one markdown document's body."""
+    """All four tables with their captions, as one markdown document's body."""
     ks = sorted({_eval_k(r) for runs in runs_by_pool.values() for r in runs} - {None})
     k_text = f"k = {', '.join(str(k) for k in ks)}" if ks else "k"
     return "\n".join([
-        f"### Table A: held-out accuracy ({k_text}; mean ± 95% t-interval over seeds, last evaluation)",
+        "Where each pool is read (report/pools.py): every table reads a pool at the last evaluation of its "
+        "longest runs; a run that stops before it is left out of all four and named in its rows.",
+        "",
+        *(f"- {pool.summary()}" for pool in read_pools(runs_by_pool).values()),
+        "",
+        f"### Table A: held-out accuracy ({k_text}; mean ± 95% t-interval over seeds, at the pool's read step)",
+        "",
+        "`generated samples` and `trained tokens`: the cumulative budget spent by that step, mean over the seeds.",
         "",
         table_a(runs_by_pool, order),
         "",
@@ -152,10 +176,22 @@ def paper_tables_markdown(runs_by_pool: dict[str, list[RunCurves]], reference: s
         f"### Table C: avg@k minus `{reference}`'s at equal budget (paired by seed, 95% t-interval; bold: the "
         "interval excludes 0)",
         "",
-        "Each pair is read at the budget both runs reached, by linear interpolation of the eval curves "
-        "(report/paired.py).",
+        "`samples` and `tokens`: the cumulative generated samples and trained tokens every seed of the row is read "
+        "at (the smallest final budget any of the row's runs reached on that axis); `diff`: the method's avg@k minus "
+        "the reference's there, by linear interpolation of the eval curves (report/paired.py).",
         "",
         table_c(runs_by_pool, reference),
+        "",
+        f"### Table D: steps and generated samples to reach `{reference}`'s final avg@k (mean ± 95% t-interval "
+        "over the seeds that reached it; speed-up: geometric mean of paired per-seed ratios)",
+        "",
+        f"Target: the mean over seeds of `{reference}`'s avg@k at the pool's read step. Crossing: the first "
+        "evaluation at or above it, interpolated linearly in steps and in generated samples from the one before; "
+        f"a run that never reaches it counts as not reached; `{reference}`'s own crossing is its read step (its "
+        f"whole run, as the paper reads faster convergence). Speed-up: `{reference}`'s crossing / the method's, "
+        "per seed where the method reached it after step 0 (report/convergence.py).",
+        "",
+        table_d(runs_by_pool, reference),
         "",
     ])
 

@@ -40,26 +40,38 @@ def final_metrics(run: RunCurves) -> dict[str, float]:
     }
 
 
+# The table comes in three, what the runs reached, what their sampler drew and what they cost, so that each fits
+# a report's column (the Prefect artifact page cuts a wider table off at its right edge).
+PARTS = (("held-out accuracy (avg@k)", "held-out pass@k", "reward, last 5 steps"),
+         ("effective ratio", "samples per step", "generated samples"),
+         ("trained tokens", "FLOPs", "wall time (s)"))
+
+
 def summary_table(runs: list[RunCurves]) -> str:
-    """Markdown: one row per label, each cell `mean ± std` over its seeds.
+    """Markdown: three tables (`PARTS`), one row per label in each, each cell `mean ± std` over its seeds; the
+    first also gives the seeds.
 
     | variant | seeds | held-out accuracy (avg@k) | ...
     | grpo    | 2     | 0.412 ± 0.013             | ...
     """
     labels = list(dict.fromkeys(r.label for r in runs))
     per_run = {id(r): final_metrics(r) for r in runs}
-    columns = list(next(iter(per_run.values())).keys()) if per_run else []
-    lines = ["| variant | seeds | " + " | ".join(columns) + " |", "|" + "---|" * (len(columns) + 2)]
-    for label in labels:
-        group = [r for r in runs if r.label == label]
-        cells = []
-        for col in columns:
-            values = [per_run[id(r)][col] for r in group]
-            mean, std = mean_std(values)
-            cells.append(_fmt(mean, std, sum(not math.isnan(v) for v in values)))
-        seeds = ",".join(str(r.seed) for r in group)
-        lines.append(f"| {label} | {len(group)} ({seeds}) | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    tables = []
+    for n, part in enumerate(PARTS):
+        seeds_column = n == 0
+        lines = ["| variant | " + ("seeds | " if seeds_column else "") + " | ".join(part) + " |",
+                 "|" + "---|" * (len(part) + 1 + seeds_column)]
+        for label in labels:
+            group = [r for r in runs if r.label == label]
+            cells = []
+            for col in part:
+                values = [per_run[id(r)][col] for r in group]
+                mean, std = mean_std(values)
+                cells.append(_fmt(mean, std, sum(not math.isnan(v) for v in values)))
+            seeds = f"{len(group)} ({','.join(str(r.seed) for r in group)}) | " if seeds_column else ""
+            lines.append(f"| {label} | {seeds}" + " | ".join(cells) + " |")
+        tables.append("\n".join(lines))
+    return "\n\n".join(tables)
 
 
 def summary_rows(runs: list[RunCurves]) -> list[dict[str, Any]]:
@@ -87,6 +99,8 @@ def _fmt(mean: float, std: float, count: int = 2) -> str:
     spread = "n/a (1 seed)" if count == 1 or math.isnan(std) else None
     if abs(mean) >= 1e4:
         return f"{mean:.3g} ± {spread or f'{std:.2g}'}"
+    if abs(mean) >= 100:  # counts and seconds: whole units (`1,420 ± 21`), narrow enough for a report's column
+        return f"{mean:,.0f} ± {spread or f'{std:,.0f}'}"
     return f"{mean:.3f} ± {spread or f'{std:.3f}'}"
 
 

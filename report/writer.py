@@ -38,16 +38,19 @@ class Report:
     summary: str = ""
     """The markdown before the plots (title, note, table), for callers that place the plots themselves."""
 
-    def plots_markdown(self, url_of: Callable[[str], str | None] = lambda name: name) -> str:
-        """Each PNG as a markdown image and each HTML page as a link, at `url_of(file name)` (default: the
-        name, relative to report.md)."""
+    def plots_markdown(self, url_of: Callable[[str], str | None] = lambda name: name,
+                       page_of: Callable[[str], str | None] | None = None) -> str:
+        """Each PNG as a markdown image at `url_of(file name)` (default: the name, relative to report.md) and
+        each HTML page as a link at `page_of(file name)` (default `url_of`): where a file's raw URL downloads
+        it, `page_of` gives the page that shows it."""
+        page_of = page_of or url_of
         lines = []
         for f in self.files:
             if f.suffix == ".png":
                 url = url_of(f.name)
                 lines.append(f"![{f.stem}]({url})" if url else f"`{f.name}`")
             elif f.suffix == ".html":
-                url = url_of(f.name)
+                url = page_of(f.name)
                 lines.append(f"Interactive (zoom, hover, hide variants): [{f.name}]({url})" if url else f"`{f.name}`")
         return "\n\n".join(lines)
 
@@ -77,10 +80,10 @@ def write_report(runs: list[RunCurves], out_dir: str | Path, title: str = "Compa
         (out / "paired.json").write_text(json.dumps(pairs, indent=1) + "\n")
         files.append(out / "paired.json")
         paired_md = [
-            f"Paired differences from `{reference}` (same seed and regime): held-out avg@k at the budget both "
-            "runs reached, read off each eval curve by linear interpolation; mean over seeds with a 95% "
-            "t-interval (report/paired.py). A seed with no evaluation to read at that budget is excluded "
-            "from the mean and the count, and named in the seeds column.",
+            f"Paired differences from `{reference}` (same seed and regime): held-out avg@k with every seed of a "
+            "row read at one budget (`read at`: the smallest final budget any of the row's runs reached), off "
+            "each eval curve by linear interpolation; `diff`: mean over seeds with a 95% t-interval (report/paired.py). "
+            "A seed with no evaluation is excluded from the mean and the count, and named in the seeds column.",
             "",
             paired_table(pairs),
             "",
@@ -88,7 +91,7 @@ def write_report(runs: list[RunCurves], out_dir: str | Path, title: str = "Compa
             "",
             "Paired by seed, 95% t-interval; bold where the interval excludes 0 (report/paper_tables.py).",
             "",
-            table_c({"this group": runs}, reference),
+            table_c({"this group": runs}, reference, pool_column=False),
             "",
         ]
     differences = config_differences(runs)
