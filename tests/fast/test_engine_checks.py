@@ -92,3 +92,34 @@ def test_async_rollout_is_refused_where_it_cannot_apply():
     ok = build_config("ada-balance", "tiny", overrides={"rollout": {"engine": "vllm", "async_steps": 1},
                                                         "sampler": {"schedule": "streaming"}, "loss": {"tis_cap": 2.0}})
     assert ok.rollout.async_steps == 1 and build_config("grpo", "tiny").rollout.async_steps == 0
+
+
+def test_ranks_across_machines_take_the_interface_that_reaches_the_rendezvous(monkeypatch):
+    """gloo and NCCL would take this host's address from its hostname (loopback on many machines); each rank
+    is given the interface its route to MASTER_ADDR leaves through, or one set by hand is kept."""
+    import psutil
+
+    from ada_core.engines import rendezvous as R
+
+    assert R.interface_of("127.0.0.1") == "lo" and R.route_interface("127.0.0.1") == "lo"
+    assert R.interface_of("192.0.2.77") is None
+    # This host's own non-loopback address, if it has one, is reached through the interface holding it.
+    own = [(name, a.address) for name, addrs in psutil.net_if_addrs().items() for a in addrs
+           if a.family.name == "AF_INET" and not a.address.startswith("127.")]
+    if own:
+        assert R.route_interface(own[0][1]) == own[0][0]
+    for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", R.RENDEZVOUS_ENV):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    assert R.rendezvous_method() is None  # across machines: env://, on the interface found
+    assert R.os.environ["GLOO_SOCKET_IFNAME"] == R.os.environ["NCCL_SOCKET_IFNAME"] == "lo"
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")  # named by hand: kept
+    R.rendezvous_method()
+    assert R.os.environ["GLOO_SOCKET_IFNAME"] == "eth7"
+    def no_route(*args, **kwargs):
+        raise OSError("no route")
+
+    monkeypatch.setattr(R.socket, "getaddrinfo", no_route)  # an address with no route: the libraries' own choice
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME")
+    assert R.rendezvous_method() is None and "NCCL_SOCKET_IFNAME" not in R.os.environ

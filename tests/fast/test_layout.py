@@ -16,7 +16,7 @@ PACKAGES = ("ada_core", "flows", "tasks", "report")
 
 # ada_core's layers, bottom first: a module may import its own layer and the layers below.
 CORE_LAYERS = [
-    {"records", "protocols", "metrics", "errors", "occupancy", "paths"},
+    {"records", "protocols", "metrics", "errors", "occupancy", "paths", "processes"},
     {"config"},
     {"rl"},
     {"data"},
@@ -164,3 +164,20 @@ def test_every_package_has_a_face(package):
     assert ast.get_docstring(tree), f"{path} has no docstring"
     assert any(isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in n.targets) for n in tree.body), \
         f"{path} has no __all__"
+
+
+def test_no_module_of_flows_shadows_a_top_level_name():
+    """A worker loads a deployment's entrypoint (`flows/compare.py:compare`) by path, with `flows/` first on
+    sys.path: a module there named like a top-level package (the repository's, the standard library's, an
+    installed one's) is what every `import <name>` of that process then finds. `flows/report.py` made
+    `from report import ...` in flows/group.py import itself, and the compare deployment crashed on a worker."""
+    import sys
+    from importlib.metadata import packages_distributions
+
+    flows = ROOT / "flows"
+    names = {p.stem for p in flows.glob("*.py")} | {p.name for p in flows.iterdir() if (p / "__init__.py").is_file()}
+    names.discard("__init__")
+    top_level = {p.stem for p in ROOT.glob("*.py")} | {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
+    imported = {target.split(".")[0] for name, path in modules().items() for target in imports(name, path)}
+    taken = top_level | imported | set(sys.stdlib_module_names) | set(packages_distributions())
+    assert sorted(names & taken) == [], "rename these modules of flows/: they shadow a top-level name on a worker"

@@ -48,6 +48,19 @@ def test_paired_difference_at_the_common_budget():
     assert "| ada | grpo | samples | 3 | -0.090 [" in table
 
 
+def test_every_seed_of_a_row_is_read_at_one_shared_budget():
+    # ada generates 10, 12, 14 samples a step by seed (finals 20, 24, 28), grpo 13 (final 26): read at each
+    # seed's own common budget the seeds would sit at 20, 24 and 26; the row reads all of them at 20.
+    runs = [curve("grpo", s, [0.0, 0.2, 0.4], 13) for s in (0, 1, 2)]
+    runs += [curve("ada", s, [0.0, 0.3, 0.6], 10 + 2 * s) for s in (0, 1, 2)]
+    row = paired_differences(runs, "grpo", {"samples": K.BUDGET_GENERATED_SAMPLES_CUM})[0]
+    assert row["budget"] == 20
+    grpo_at_20 = 0.2 + (20 - 13) / 13 * 0.2
+    assert row["diffs"] == pytest.approx([0.6 - grpo_at_20, 0.3 + (20 - 12) / 12 * 0.3 - grpo_at_20,
+                                          0.3 + (20 - 14) / 14 * 0.3 - grpo_at_20])
+    assert "| ada | grpo | samples | 3 |" in paired_table([row]) and paired_table([row]).endswith("| 20 |")
+
+
 def test_helpers():
     assert reference_for("pool-ada-est", "grpo") == "pool-grpo" and reference_for("ada-est", "grpo") == "grpo"
     assert math.isnan(mean_ci([0.1])[1]) and mean_ci([])[0] != mean_ci([])[0]

@@ -19,6 +19,7 @@ from report import (
     variant_bands,
     write_report,
 )
+from report.tables import PARTS, final_metrics
 
 
 def test_merge_rows_puts_eval_on_the_step_timeline_with_flops():
@@ -48,6 +49,18 @@ def test_summary_table_reports_mean_and_std_over_seeds(tmp_path):
     table = summary_table(runs)
     assert "| ada | 2 (0,1) | 0.300 ± 0.141 |" in table
     assert mean_std([1.0])[0] == 1.0 and np.isnan(mean_std([1.0])[1]) and mean_std([float("nan")])[0] != mean_std([float("nan")])[0]
+
+
+def test_the_summary_comes_in_parts_that_fit_a_column_and_cover_every_metric(tmp_path):
+    """Three tables of at most five columns (a Prefect artifact cuts a wider table off), every final metric in
+    one of them; counts in whole units."""
+    runs = [load_run(write_run_folder(tmp_path / f"grpo-s{seed}", "grpo", seed, [0.1, 0.2], 1419.5 + seed))
+            for seed in (0, 1)]
+    assert sorted(c for part in PARTS for c in part) == sorted(final_metrics(runs[0]))
+    tables = summary_table(runs).split("\n\n")
+    assert len(tables) == len(PARTS) == 3
+    assert all(table.splitlines()[0].count("|") - 1 <= 5 for table in tables), tables
+    assert "| grpo | n/a | 1,420 ± 1 | 1,420 ± 1 |" in tables[1]  # no effective ratio logged; counts in whole units
 
 
 def test_one_seed_has_no_std_and_the_table_says_so(tmp_path):

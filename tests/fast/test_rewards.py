@@ -1,11 +1,12 @@
-"""The math-verify verifier: extraction, real math-verify equivalences, the integer fast path, and the
-hard per-item timeout of its worker processes."""
+"""The math-verify verifier: extraction, real math-verify equivalences, the integer fast path, the
+hard per-item timeout of its worker processes, and the deadline that bounds a batch and a step."""
 
 from __future__ import annotations
 
 import os
 import signal
 import threading
+import time
 
 import pytest
 
@@ -14,6 +15,7 @@ from ada_core.records import Prompt, VerifierStatus
 from ada_core.rl.rewards import MathVerifier, extract_answer, last_boxed
 
 OK, TIMEOUT, PARSE_ERROR = VerifierStatus.OK, VerifierStatus.TIMEOUT, VerifierStatus.PARSE_ERROR
+DEADLINE = VerifierStatus.DEADLINE
 HUGE = r"\boxed{9^{9^{9^{9^{9}}}}}"  # sympy evaluates the tower and never returns
 
 
@@ -182,3 +184,61 @@ def test_unclosed_boxed_bomb_scores_zero_and_the_next_call_is_served(verifier):
     long_right = "x" * 10_000 + r" so \boxed{\frac{1}{2}}"  # the next call is served normally
     assert [(v.reward, v.status) for v in verifier.verify([(boxed("0.5"), long_right), (boxed("3"), r"\boxed{3}")])] \
         == [(1.0, OK), (1.0, OK)]
+
+
+def test_a_batch_deadline_bounds_answers_built_to_hang():
+    """8 answers that never return cost 8 x 5 s / 2 workers = 20 s under the per-answer timeout alone; with
+    a 3 s deadline the call ends within twice that: what was scored keeps its verdict, the rest scores 0
+    with status `deadline`, and the verifier serves the next call."""
+    good = (boxed(r"\frac{1}{2}"), r"\boxed{0.5}")
+    with MathVerifier(timeout_s=5.0, workers=2) as v:
+        assert v.verify([good] * 2) == [Verdict(1.0, OK)] * 2  # the workers are up
+        items = [good] * 4 + [(boxed("3"), HUGE)] * 8  # the good ones first in the first worker's chunk
+        start = time.monotonic()
+        verdicts = v.verify(items, within_s=3.0)
+        assert time.monotonic() - start < 2 * 3.0
+        assert verdicts == [Verdict(1.0, OK)] * 4 + [Verdict(0.0, DEADLINE)] * 8
+        assert v.verify([good, (boxed("3"), r"\boxed{3}")], within_s=0.0) == [Verdict(0.0, DEADLINE), Verdict(1.0, OK)]
+        assert v.verify([good]) == [Verdict(1.0, OK)]
+
+
+def test_a_steps_answer_checking_is_bounded_by_its_budget_across_its_rounds(tmp_path):
+    """A policy whose wrong answers are power towers: an Ada step (up to 4 rounds, each a verify call) with
+    `verifier.step_budget_s: 3` spends at most twice that checking answers, not 5 s per tower and round;
+    the answers it never got to score 0 and are counted in `verifier/deadline`."""
+    import numpy as np
+
+    from ada_core import metrics as K
+    from ada_core.config import build_config
+    from ada_core.data.source import PromptSource
+    from ada_core.sampling import make_sampler
+    from ada_core.sampling.simulate import BernoulliEngine, make_prompts
+    from ada_core.training.loop import RunState, rollout_step
+
+    class TowersForWrongAnswers(BernoulliEngine):
+        """The Bernoulli engine's samples as a policy might write them: right ones `\boxed{\frac{2}{2}}`
+        (math-verify, in a worker), wrong ones a tower that never finishes checking."""
+
+        def generate(self, requests, sampling):
+            drawn = super().generate(requests, sampling)
+            for sample in (s for samples in drawn for s in samples):
+                sample.text = r"\boxed{\frac{2}{2}}" if sample.text == "1" else HUGE
+            return drawn
+
+    config = build_config("ada-balance", "tiny", overrides={"prompts_per_step": 8, "verifier": {"step_budget_s": 3.0}})
+    with MathVerifier(timeout_s=5.0, workers=2) as verifier:
+        state = RunState(config=config, output_dir=tmp_path, tokenizer=None, rollout=TowersForWrongAnswers(),
+                         updater=None, verifier=verifier, source=PromptSource(make_prompts(8, np.random.default_rng(0)),
+                                                                              seed=0),
+                         eval_prompts=[], rng=np.random.default_rng(0),
+                         sampler=make_sampler(config.sampler, config.advantage))
+        start = time.monotonic()
+        batch = rollout_step(state)
+        assert time.monotonic() - start < 2 * 3.0
+    metrics = batch.metrics
+    assert metrics[K.SAMPLER_ROUNDS] > 1 and metrics[K.verifier_status_key("deadline")] > 0, metrics
+    assert metrics[K.TIME_REWARD_S] < 2 * 3.0
+    statuses = [s.status for pool in batch.pools for s in pool.samples]
+    assert len(statuses) == metrics[K.BUDGET_GENERATED_SAMPLES]
+    assert statuses.count(DEADLINE) == metrics[K.verifier_status_key("deadline")]
+    assert all(s.reward == 0.0 for pool in batch.pools for s in pool.samples if s.status == DEADLINE)

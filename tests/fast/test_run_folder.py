@@ -117,11 +117,17 @@ def test_a_resume_takes_the_runs_own_config_and_refuses_what_would_change_the_ru
     longer = resumed_config(run, {"steps": 6, "eval_every": 3, "checkpoint": {"keep_last": 1}})
     assert (longer.steps, longer.sampler.name, longer.checkpoint.keep_last) == (6, "ada", 1)
     assert {"steps", "eval_every", "checkpoint_every", "checkpoint.keep_last"} <= set(RESUMABLE)
+    # A run that lost a node resumes on the nodes left: where the ranks go changes no step.
+    spread = resumed_config(run, {"distributed": {"placement_strategy": "STRICT_SPREAD"}})
+    assert spread.distributed.placement_strategy == "STRICT_SPREAD"
     refusals = {
         "sampler.name: ada -> fixed": {"sampler": {"name": "fixed"}},
         "preset: ada-balance -> grpo": {"preset": "grpo"},
-        "seed: 0 -> 1 (the seed draws the dataset": {"seed": 1},
-        "distributed.num_ranks: 1 -> 2 (the optimizer state was saved by that many ranks)":
+        "seed: 0 -> 1 (the seed draws every sample": {"seed": 1},
+        "data.seed: 0 -> 1 (it draws the dataset, its split and the SFT warm start)": {"seed": 1},
+        "data.seed: 0 -> 2": {"data": {"seed": 2}},
+        "distributed.num_ranks: 1 -> 2 (the optimizer state was saved by that many ranks; where a node is gone, "
+        "resume with them on the nodes left (distributed.placement_strategy=PACK) or add a node)":
             {"distributed": {"num_ranks": 2}},
         "optim.zero_stage: 0 -> 2": {"optim": {"zero_stage": 2}},
         "optim.precision: fp32 -> bf16": {"optim": {"precision": "bf16"}},

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from ada_core import metrics as mk
 from ada_core.config import AdvantageConfig, SamplerConfig
 from ada_core.data import PromptSource
-from ada_core.protocols import SamplingParams, Verdict
+from ada_core.protocols import RolloutEngine, SamplingParams, Verdict
 from ada_core.records import Prompt, Sample
 from ada_core.sampling import (
     AdaSampler,
@@ -35,7 +35,7 @@ SAMPLING = SamplingParams(max_tokens=14)
 
 
 @dataclass
-class ScriptedEngine:
+class ScriptedEngine(RolloutEngine):
     """Replays `scripts[prompt_id]` ("1" correct, "0" wrong, "x" unparseable) in order; logs each call."""
 
     scripts: dict[str, str]
@@ -370,3 +370,23 @@ def test_ada_invariants(kw, rates, seed):
         assert g.advantages == pytest.approx([s.reward - g.p_hat for s in g.samples])
     assert m[mk.SAMPLER_GROUPS_KEPT] == len(batch.groups) <= len(rates)
     assert all(type(v) is float and not math.isnan(v) for v in m.values())
+
+
+@pytest.mark.parametrize("method", ["ada-posterior", "ada-balance-m4", "ada-est", "dapo"])
+def test_a_batch_survives_a_checkpoint_exactly(method):
+    """rollout.async_steps: a checkpoint holds the batches drawn ahead of it as JSON (records.batch_to_dict);
+    read back, each is the batch drawn, every float as drawn, and a sample a group shares with its pool
+    is still one object."""
+    import json
+
+    from support import simulated_run
+
+    from ada_core.records import batch_from_dict, batch_to_dict
+
+    for batch in simulated_run([], steps=2, method=method):
+        back = batch_from_dict(json.loads(json.dumps(batch_to_dict(batch))))
+        assert back == batch
+        pooled = {id(s) for p in back.pools for s in p.samples}
+        assert all(id(s) in pooled for g in back.groups for s in g.samples)
+        prompts = {p.prompt.id: p.prompt for p in back.pools}
+        assert all(g.prompt is prompts[g.prompt.id] for g in back.groups)
