@@ -21,6 +21,8 @@ only difference is the asynchrony); the paired difference async - sync per seed,
 
     python benchmarks/async_rollout.py --quick     # (b), JSON on stdout
     python benchmarks/async_rollout.py --learning  # (c), JSON on stdout
+    python benchmarks/async_rollout.py --partial   # (b) with rollout.partial_rollout off against on (async 1)
+    python benchmarks/async_rollout.py --learning --partial  # (c) with partial rollout off against on
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class IdPassRateVerifier:
             self._rates[prompt_id] = float(DifficultyMix().draw(1, np.random.default_rng(seed))[0])
         return self._rates[prompt_id]
 
-    def verify(self, items):
+    def verify(self, items, within_s=None):  # a hash per item: every batch is scored long before any deadline
         out = []
         for prompt, text in items:
             digest = hashlib.blake2b(f"{prompt.id}:{text}".encode(), digest_size=8).digest()
@@ -70,7 +72,8 @@ class IdPassRateVerifier:
         pass
 
 
-def one_run(name: str, preset: str, k: int, args, model_dir: Path, base_url: str, work: Path) -> dict:
+def one_run(name: str, preset: str, k: int, args, model_dir: Path, base_url: str, work: Path,
+            partial: bool = False) -> dict:
     from ada_core.config import build_config
     from ada_core.run.files import read_metrics
     from ada_core.training import run_steps, setup
@@ -79,7 +82,7 @@ def one_run(name: str, preset: str, k: int, args, model_dir: Path, base_url: str
         "model": str(model_dir), "steps": args.steps, "prompts_per_step": args.prompts, "eval_every": 0,
         "checkpoint_every": 0, "sft_steps": 0, "seed": args.seed, "ledger": {"enabled": False},
         "data": {"train_size": args.prompts * args.steps, "eval_size": 4}, "loss": {"tis_cap": 2.0},
-        "rollout": {"engine": "vllm", "max_tokens": args.max_tokens, "async_steps": k,
+        "rollout": {"engine": "vllm", "max_tokens": args.max_tokens, "async_steps": k, "partial_rollout": partial,
                     "vllm": {"base_url": base_url, "concurrency": args.concurrency}},
     }
     if preset == "ada-balance":
@@ -88,8 +91,11 @@ def one_run(name: str, preset: str, k: int, args, model_dir: Path, base_url: str
     state = setup(build_config(preset, "tiny", overrides=overrides), out)
     state.verifier.close()
     state.verifier = IdPassRateVerifier()
+    meters = state.rollout.server_meters()
+    before = [m.read() for m in meters]
     try:
         run_steps(state)
+        after = [m.read() for m in meters]
     finally:
         state.close()
     rows = [r for r in read_metrics(out) if K.TIME_STEP_S in r][1:]  # step 1 has nothing to overlap
@@ -98,6 +104,13 @@ def one_run(name: str, preset: str, k: int, args, model_dir: Path, base_url: str
         K.TIME_STEP_S, K.TIME_GENERATE_S, K.TIME_UPDATE_S, K.TIME_SYNC_S, K.TIME_OVERLAP_S, K.ASYNC_WAIT_S,
         K.ASYNC_STALENESS_MAX, K.server_idle_key(0), K.BUDGET_GENERATED_TOKENS, K.SYNC_RELOAD_S)}
     result["step_s_each"] = [r[K.TIME_STEP_S] for r in rows]
+    # The whole run's wall time (step 1 included): sequences in flight on the server on average, and the
+    # share of time with none.
+    result["mean_running_seqs"] = (after[0].slot_s - before[0].slot_s) / (after[0].at - before[0].at)
+    result["run_idle_fraction"] = (after[0].empty_s - before[0].empty_s) / (after[0].at - before[0].at)
+    if partial:
+        result.update({key.split("/")[-1]: mean(key) for key in (
+            K.ASYNC_TOKEN_STALENESS_MEAN, K.ASYNC_SPANNING_SAMPLES, K.SYNC_FROZEN_SAMPLES)})
     shutil.rmtree(out, ignore_errors=True)
     return result
 
@@ -113,16 +126,20 @@ def learning(args) -> dict:
     started = time.perf_counter()
     load_before = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="ada-async-learning-"))
-    finals: dict[str, dict[int, dict]] = {"sync": {}, "async1": {}}
+    # (label, async_steps, partial_rollout) of the two arms; the paired difference is the second minus the first
+    arms = ((("partial_off", 1, False), ("partial_on", 1, True)) if args.partial
+            else (("sync", 0, False), ("async1", 1, False)))
+    finals: dict[str, dict[int, dict]] = {label: {} for label, _, _ in arms}
     with VLLMServer(resolve_model("tiny"), dtype="float32", log_path=work / "server.log", startup_timeout_s=900) as server:
         os.environ[API_KEY_ENV] = server.api_key  # runs attach by base_url; the key goes by the environment
         for seed in (0, 1, 2):
-            for label, k in (("sync", 0), ("async1", 1)):
+            for label, k, partial in arms:
                 config = build_config("ada-balance", "tiny", overrides={
                     "seed": seed, "steps": args.learn_steps, "prompts_per_step": 32, "eval_every": args.learn_steps,
                     "eval_k": 4, "checkpoint_every": 0, "ledger": {"enabled": False}, "loss": {"tis_cap": 2.0},
                     "data": {"eval_size": 64}, "sampler": {"schedule": "streaming"},
-                    "rollout": {"engine": "vllm", "async_steps": k, "vllm": {"base_url": server.base_url}}})
+                    "rollout": {"engine": "vllm", "async_steps": k, "partial_rollout": partial,
+                                "vllm": {"base_url": server.base_url}}})
                 out = work / f"{label}-{seed}"
                 t0 = time.perf_counter()
                 state = setup(config, out)
@@ -135,13 +152,17 @@ def learning(args) -> dict:
                 train = [r for r in rows if K.REWARD_MEAN in r]
                 finals[label][seed] = {"avg_at_4": last[K.EVAL_AVG_AT_K], "pass_at_4": last[K.EVAL_PASS_AT_K],
                                        "train_reward_last5": float(np.mean([r[K.REWARD_MEAN] for r in train[-5:]])),
-                                       "staleness_max": max(r[K.ASYNC_STALENESS_MAX] for r in train),
+                                       "staleness_max": max(r.get(K.ASYNC_STALENESS_MAX, 0.0) for r in train),  # none logged: sync
                                        "wall_s": time.perf_counter() - t0}
+                if partial:
+                    finals[label][seed]["token_staleness_mean"] = float(np.mean(
+                        [r[K.ASYNC_TOKEN_STALENESS_MEAN] for r in train]))
     shutil.rmtree(work, ignore_errors=True)
     paired = {}
     for key in ("avg_at_4", "pass_at_4", "train_reward_last5"):
-        mean, half = mean_ci([finals["async1"][s][key] - finals["sync"][s][key] for s in (0, 1, 2)])
-        paired[key] = {"async_minus_sync_mean": mean, "ci95_half_width": half}
+        (first, _, _), (second, _, _) = arms
+        mean, half = mean_ci([finals[second][s][key] - finals[first][s][key] for s in (0, 1, 2)])
+        paired[key] = {f"{second}_minus_{first}_mean": mean, "ci95_half_width": half}
     return {"runs": finals, "paired": paired, "steps": args.learn_steps, "load_before": load_before,
             "load_after": os.getloadavg(), "wall_s": time.perf_counter() - started}
 
@@ -161,6 +182,8 @@ def run() -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--learning", action="store_true", help="(c): 3 seeds x --learn-steps, async vs sync")
     parser.add_argument("--learn-steps", type=int, default=60)
+    parser.add_argument("--partial", action="store_true", help="rollout.partial_rollout off against on, both at "
+                        "async_steps 1, instead of async_steps 0 against 1")
     args = parser.parse_args()
     if args.learning:
         if "ADA_HOME" not in os.environ:
@@ -194,6 +217,12 @@ def run() -> dict:
         torch.set_num_threads(1)
         for _ in range(args.repeats):
             for preset in ("grpo", "ada-balance"):
+                if args.partial:
+                    for partial in (False, True):
+                        name = f"{preset}_partial{int(partial)}"
+                        runs.setdefault(name, []).append(one_run(name, preset, 1, args, model_dir, server.base_url,
+                                                                 work, partial=partial))
+                    continue
                 for k in (0, 1):
                     name = f"{preset}_async{k}"
                     runs.setdefault(name, []).append(one_run(name, preset, k, args, model_dir, server.base_url, work))
@@ -201,7 +230,16 @@ def run() -> dict:
     if own_home is not None:
         shutil.rmtree(own_home, ignore_errors=True)
     summary = {}
-    for preset in ("grpo", "ada-balance"):
+    for preset in ("grpo", "ada-balance") if args.partial else ():
+        off, on = runs[f"{preset}_partial0"], runs[f"{preset}_partial1"]
+        mean = lambda rs, key: float(np.mean([r[key] for r in rs]))
+        summary[preset] = {f"{key}_{arm}": mean(rs, key) for arm, rs in (("off", off), ("on", on)) for key in (
+            "step_s", "generate_s", "wait_s", "overlap_s", "mean_running_seqs", "run_idle_fraction",
+            "idle_fraction", "generated_tokens", "reload_s")}
+        summary[preset]["step_ratio_on_off"] = mean(on, "step_s") / mean(off, "step_s")
+        summary[preset].update({key: mean(on, key) for key in ("token_staleness_mean", "spanning_samples",
+                                                                "frozen_samples")})
+    for preset in ("grpo", "ada-balance") if not args.partial else ():
         sync, async1 = runs[f"{preset}_async0"], runs[f"{preset}_async1"]
         step = lambda rs: float(np.mean([r["step_s"] for r in rs]))
         gen = float(np.mean([r["step_s"] - r["update_s"] - r["sync_s"] for r in sync]))

@@ -1,5 +1,5 @@
 """Engine throughput: rollout tokens/s at several batch sizes (our KV-cache loop vs `model.generate`),
-update samples/s, and DeepSpeed's first-initialize time. Results go to docs/BENCHMARKS.md `## Engines`.
+update samples/s, and DeepSpeed's first-initialize time. Results go to docs/benchmarks/engines.md.
 
     .venv/bin/python benchmarks/engines.py --model tiny
     .venv/bin/python benchmarks/engines.py --model smollm2-135m --batch-sizes 8 32 --max-tokens 64 \

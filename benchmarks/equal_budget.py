@@ -1,5 +1,5 @@
 """The equal-budget comparison on `tiny`: the `compare` flow over both data regimes, with a large
-held-out set, several seeds and paired differences (docs/BENCHMARKS.md, Budgeted allocation).
+held-out set, several seeds and paired differences (docs/benchmarks/equal-budget.md).
 
 Full run (the issue's: 5 seeds, 512 held-out prompts, both regimes, every variant):
 

@@ -1,5 +1,5 @@
 """What `loss.kl_coef > 0` costs: update time and memory with the frozen reference policy against
-without it, side by side in one run. Results go to docs/BENCHMARKS.md `## KL cost`.
+without it, side by side in one run. Results go to docs/benchmarks/kl-cost.md.
 
     ADA_HOME=/tmp/ada_bench_home .venv/bin/python benchmarks/kl_cost.py --model tiny
     ADA_HOME=/tmp/ada_bench_home .venv/bin/python benchmarks/kl_cost.py --model smollm2-135m --prompts 2 \

@@ -1,23 +1,30 @@
-"""The paper's tables on `tiny` by one command (docs/BENCHMARKS.md, Paper tables on tiny).
+"""The paper's tables by one command (docs/benchmarks/testbed.md; the earlier `tiny` grid: paper-tables.md).
 
-    ADA_HOME=/tmp/paper_home .venv/bin/python benchmarks/paper_tables.py            # the whole grid
-    .venv/bin/python benchmarks/paper_tables.py --smoke                              # a minute: the plumbing
+    ADA_HOME=/tmp/testbed_home .venv/bin/python benchmarks/paper_tables.py --profile testbed   # the grid
+    .venv/bin/python benchmarks/paper_tables.py --smoke                                         # the plumbing
 
 The grid is the `paper-tables` flow (flows/paper_tables.py): for each pool one `compare` run (its own
 MLflow parent run, Prefect subflow and report) over GRPO n = 4, 8, 16, DAPO, Ada-Seq-pos,
-Ada-Seq-balance and Ada-Est, 3 seeds, the tiny profile's 60 steps. Both pools come from the same
-8,192 raw `a+b=` prompts and the same 600-step SFT start (so they differ only by the filter):
+Ada-Seq-balance and Ada-Est. Both pools come from the same raw `a+b=` prompts and the same SFT start (so
+they differ only by the filter), and every seed and method of a pool starts from that model and is
+scored on the same held-out set (a group's children share `data.seed`).
 
-- `standard`: the tiny profile's curation (k = 8, 0 < pass rate <= 0.875);
-- `hard`: the paper's hard set, 1-2 correct of 16 (`data.keep_pass_rate` [1/16, 2/16], k = 16).
+`--profile testbed` (the default; ada_core/config/presets.py): 5 seeds, 100 steps of 32 fresh prompts
+(no prompt drawn more than twice), 1,024 held-out and 256 validation prompts, avg@8 every 20 steps:
+- `standard`: the paper's band, 1-5 correct of 16 (the profile's `data.keep_pass_rate` [1/16, 5/16]);
+- `hard`: the paper's hard set, 1-2 correct of 16 (`data.keep_pass_rate` [1/16, 2/16]).
 
-Each pool holds out 512 curated prompts (eval avg@4 and pass@4 every 10 steps) and trains on a fixed
-pool of 256 of the rest, reused over epochs as in the paper (60 x 32 = 1,920 draws: 7.5 epochs).
+`--profile tiny`: the earlier grid (docs/benchmarks/paper-tables.md): 3 seeds, 60 steps, a fixed pool of
+256 prompts reused for 7.5 epochs, 512 held out at avg@4; standard = k 8, 0 < p <= 0.875.
 
-Tables A, B and C go to `--out` (default out/paper_tables/paper_tables.md), to the Prefect artifact
-`paper-tables` and to `report/paper_tables.md` on both parent runs. A killed grid resumes with
-`--resume standard=<group folder> hard=<group folder>` (the folders the log names); `--tables-from`
-writes the tables from whatever children of those folders finished, without running anything.
+Tables A-D (report/paper_tables.py: accuracy, step time, equal budget, steps and samples to GRPO
+n = 4's final accuracy) go to `--out` (default out/paper_tables/paper_tables.md), to the Prefect
+artifact `paper-tables` and to `report/paper_tables.md` on both parent runs. Each pool is read at the
+last evaluation of its longest runs; a run that stopped before it is left out and named in every row
+it would have entered (report/pools.py). A killed grid resumes with `--resume standard=<group folder>
+hard=<group folder>` (the folders the log names); `--tables-from` writes the tables from whatever
+children of those folders finished, without running anything: the header names the children that did
+not finish (with their last evaluation step), and every row names the seeds it lacks.
 """
 
 from __future__ import annotations
@@ -30,21 +37,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a fresh clone
 
-METHODS = ["grpo", "grpo-n8", "grpo-n16", "dapo", "ada-pos", "ada-balance", "ada-est"]
-RAW_POOL = 8192  # both pools' raw prompts; the hard filter keeps enough of it (docs/BENCHMARKS.md)
-HELD_OUT = 512
-OVERRIDES = {
-    "data.train_size": RAW_POOL - HELD_OUT,
-    "data.eval_size": HELD_OUT,
-    "data.train_pool": 256,
-    "eval_k": 4,
-    "eval_every": 10,
-    "checkpoint_every": 0,  # only the final checkpoint: the grid's runs are short, a killed one reruns
-}
-POOLS = {
-    "standard": {},  # the tiny profile's curation: k = 8, 0 < pass rate <= 0.875
-    "hard": {"data.curation_k": 16, "data.keep_pass_rate": [1 / 16, 2 / 16]},
-}
+# The grids themselves are the `paper-tables` deployment's defaults (its Prefect form), by profile: one definition.
+from flows.params import PAPER_GRIDS, PAPER_METHODS, PAPER_PROFILE  # noqa: E402 - after the path
+
+POOLS = list(PAPER_GRIDS[PAPER_PROFILE]["pools"])  # the pool names every grid shares
 # --smoke: the flows tests' small data (two-digit sums, a 150-step SFT start, 412 prompts at k = 4),
 # so within one test session the SFT start and the standard curation are cache hits; the hard band is
 # 1-2 correct of 4. One seed, two methods, two steps, both pools, through the same flow.
@@ -60,10 +56,12 @@ SMOKE = {
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="one seed, two methods, two steps, both pools")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--methods", nargs="+", default=METHODS)
-    parser.add_argument("--pools", nargs="+", default=list(POOLS), choices=list(POOLS))
-    parser.add_argument("--steps", type=int, default=None, help="training steps (default: the tiny profile's 60)")
+    parser.add_argument("--profile", default=PAPER_PROFILE, choices=list(PAPER_GRIDS),
+                        help="the scale profile and its grid (default: the calibrated testbed)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the profile grid's")
+    parser.add_argument("--methods", nargs="+", default=PAPER_METHODS)
+    parser.add_argument("--pools", nargs="+", default=POOLS, choices=POOLS)
+    parser.add_argument("--steps", type=int, default=None, help="training steps (default: the profile's)")
     parser.add_argument("--out", type=Path, default=Path("out/paper_tables"), help="folder for paper_tables.md")
     parser.add_argument("--experiment", default="paper-tables")
     parser.add_argument("--resume", nargs="+", default=[], metavar="POOL=GROUP_DIR",
@@ -87,14 +85,17 @@ def pairs(items: list[str], flag: str) -> dict[str, str]:
 def grid(args: argparse.Namespace) -> dict:
     """The flow's arguments for these command-line arguments."""
     if args.smoke:
-        return dict(SMOKE, experiment=args.experiment)
-    return {"methods": args.methods, "seeds": args.seeds, "steps": args.steps, "prompts_per_step": None,
-            "overrides": OVERRIDES, "pools": {p: POOLS[p] for p in args.pools}, "experiment": args.experiment}
+        return dict(SMOKE, experiment=args.experiment, profile="tiny")
+    chosen = PAPER_GRIDS[args.profile]
+    return {"profile": args.profile, "methods": args.methods, "seeds": args.seeds or chosen["seeds"],
+            "steps": args.steps, "prompts_per_step": None, "overrides": chosen["overrides"],
+            "pools": {p: chosen["pools"][p] for p in args.pools}, "experiment": args.experiment}
 
 
 def run(args: argparse.Namespace) -> dict:
     """Run the grid (or only write the tables) in an environment already configured for Prefect and MLflow."""
-    from flows.paper_tables import finished_runs, order_runs, paper_tables
+    from flows.paper_tables import finished_runs, order_runs, paper_tables, unfinished_children
+    from flows.params import PaperTablesParams
     from report.paper_tables import paper_tables_markdown
 
     spec = grid(args)
@@ -108,12 +109,15 @@ def run(args: argparse.Namespace) -> dict:
         runs = {pool: order_runs([r for folder in folders for r in finished_runs(folder)], spec["methods"])
                 for pool, folders in groups.items()}
         done = {pool: sorted({(r.label, r.seed) for r in rs}) for pool, rs in runs.items()}
+        unfinished = {pool: [c for folder in folders for c in unfinished_children(folder)]
+                      for pool, folders in groups.items()}
         markdown = "# Paper tables (from the finished children only)\n\n" + "\n".join(
             f"- pool `{pool}`: {len(d)} runs finished: {', '.join(f'{m}-s{s}' for m, s in d)}"
+            + (f"; not finished, so not read: {', '.join(unfinished[pool])}" if unfinished[pool] else "")
             for pool, d in done.items()) + "\n\n" + paper_tables_markdown(runs, order=spec["methods"])
         result = {"markdown": markdown, "groups": groups}
     else:
-        result = paper_tables(**spec, resume=pairs(args.resume, "--resume"))
+        result = paper_tables(PaperTablesParams(**spec, resume=pairs(args.resume, "--resume")))
     path = args.out / "paper_tables.md"
     path.write_text(result["markdown"])
     info = {"tables": str(path), "minutes": round((time.perf_counter() - start) / 60, 2), "groups": result["groups"]}

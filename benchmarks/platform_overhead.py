@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> None:
         quiet_task_run_logs()  # as the train flow does
         uri = tracking.default_tracking_uri()
         with tracking.tracked_run(uri, "overhead-benchmark", Path(run_dir).name) as (client, run_id):
-            tracking.log_params(client, run_id, tracking.run_params(config, args.preset, "bench"))
+            tracking.log_params(client, run_id, tracking.run_params(config, args.preset, "bench",
+                                                                       facts=tracking.run_facts(curate=False)))
             state = setup(config, run_dir)
             run_logger = tracking.RunLogger(client, run_id)
             try:

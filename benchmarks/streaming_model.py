@@ -47,6 +47,11 @@ CPU_FIT_POINTS = [(1, 6.21), (8, 9.56), (32, 37.12), (64, 44.33), (128, 71.0),
                   (1, 5.06), (16, 6.44), (64, 9.32), (128, 12.87)]  # (running sequences, ms per iteration)
 
 
+# Partial rollout (ada_core/engines/vllm_stream.py): a sample frozen at a weight load loses the tokens it had
+# generated since its last streamed chunk (chunks every 16 tokens), about 8, and generates them again.
+STREAM_REDO_TOKENS = 8
+
+
 def fit(points) -> tuple[float, float]:
     """Least-squares (a, c) in seconds for t(b) = a + c*b from (b, ms) points; a kept >= 0."""
     b = np.array([p[0] for p in points], float)
@@ -94,8 +99,12 @@ class Sim:
         self.queue = [(k, n) for k, n in self.queue if k != key]
         return 0
 
-    def run(self, on_done) -> None:
+    def run(self, on_done, until=None) -> None:
+        """Iterate until nothing is queued or running, or until `until()` holds after an iteration's finishes
+        (the server is then frozen as it is: its running sequences go on at the next call)."""
         while self.queue or self.running:
+            if until is not None and until():
+                return
             while self.queue and len(self.running) < self.server.max_seqs:
                 key, length = self.queue.pop(0)
                 self.running[key] = (self.iteration, length)

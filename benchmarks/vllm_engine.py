@@ -1,7 +1,7 @@
 """The vLLM rollout engine against the in-process transformers engine, side by side in one run:
 rollout tokens/s at a few batch sizes, vLLM server start-up (launch to /health), weight-sync time
 (`sync/write_s`, `sync/reload_s`), and the trainer's step-time split with each engine. Results go to
-docs/BENCHMARKS.md `## vLLM engine`.
+docs/benchmarks/vllm-engine.md.
 
     export OMP_NUM_THREADS=1
     ADA_HOME=/tmp/bench_home .venv/bin/python benchmarks/vllm_engine.py --json /tmp/vllm_engine.json
@@ -46,7 +46,7 @@ from ada_core.models import load_policy, resolve_model  # noqa: E402
 from ada_core.protocols import SamplingParams  # noqa: E402
 
 # Per model: batch sizes (sequences), max_tokens, repeats. SmolLM2 rows stay small: the
-# transformers engine makes ~20-60 tokens/s there on 2 cores (docs/BENCHMARKS.md `## Engines`).
+# transformers engine makes ~20-60 tokens/s there on 2 cores (docs/benchmarks/engines.md).
 DEFAULTS = {
     "tiny": {"batch_sizes": [64, 512], "max_tokens": 16, "repeats": 3},
     "smollm2-135m": {"batch_sizes": [8, 32], "max_tokens": 64, "repeats": 2},
