@@ -23,7 +23,7 @@ from flows import tracking
 from flows.compare import compare
 from flows.params import PaperTablesParams
 from report import load_run
-from report.paper_tables import paper_tables_markdown
+from report.paper_tables import order_runs, paper_tables_markdown
 
 REFERENCE = "grpo"
 
@@ -53,11 +53,6 @@ def unfinished_children(group_dir: str | Path) -> list[str]:
             steps = [row["step"] for row in rows if K.EVAL_AVG_AT_K in row]
             out.append(f"{child.name} ({f'last evaluation at step {max(steps)}' if steps else 'no evaluation'})")
     return out
-
-
-def order_runs(runs: list, methods: list[str]) -> list:
-    rank = {m: i for i, m in enumerate(methods)}
-    return sorted(runs, key=lambda r: (rank.get(r.label, len(rank)), r.label, r.seed))
 
 
 @flow(name="paper-tables", log_prints=True)

@@ -25,13 +25,10 @@ alone also serves any group: `write_report` adds it whenever it is given a refer
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
-import yaml
 
 from ada_core import metrics as K
-from ada_core.run.files import CONFIG
 from report.convergence import table_d
 from report.curves import RunCurves
 from report.paired import ci_cell, mean_ci, paired_differences, reference_for, value_at
@@ -55,6 +52,12 @@ def budget_cell(values: list[float]) -> str:
     """A budget as a whole number with thousands separators (`7,680`), the mean of `values`; `n/a` if none."""
     mean, _ = mean_ci(values)
     return "n/a" if math.isnan(mean) else f"{mean:,.0f}"
+
+
+def order_runs(runs: list[RunCurves], methods: list[str]) -> list[RunCurves]:
+    """`runs` in the tables' order: by method (those in `methods` first, in its order), then seed."""
+    rank = {m: i for i, m in enumerate(methods)}
+    return sorted(runs, key=lambda r: (rank.get(r.label, len(rank)), r.label, r.seed))
 
 
 def method_order(labels: list[str], order: list[str] | None = None) -> list[str]:
@@ -197,10 +200,8 @@ def paper_tables_markdown(runs_by_pool: dict[str, list[RunCurves]], reference: s
 
 
 def _eval_k(run: RunCurves) -> int | None:
-    path = Path(run.run_dir) / CONFIG
-    if not path.is_file():
-        return None
-    value = (yaml.safe_load(path.read_text()) or {}).get("eval_k")
+    """The run's `eval_k`, from its config (config.yaml, as `load_run` read it or a saved run carries it)."""
+    value = (run.config or {}).get("eval_k")
     return int(value) if value is not None else None
 
 
