@@ -25,6 +25,12 @@ it would have entered (report/pools.py). A killed grid resumes with `--resume st
 hard=<group folder>` (the folders the log names); `--tables-from` writes the tables from whatever
 children of those folders finished, without running anything: the header names the children that did
 not finish (with their last evaluation step), and every row names the seeds it lacks.
+
+`--save-runs FILE` (with a grid or `--tables-from`) also writes every finished run the tables read to
+FILE, one JSON line each, with what identifies its start (the warm start's weight hash, the curated and
+held-out sets' digests, as its MLflow run recorded them) and the machine (report/saved_runs.py);
+`--tables-from-runs FILE ...` writes the tables from such files alone, without MLflow or Prefect, and
+refuses (exit 2, one line on stderr) runs whose starts differ or the same run twice.
 """
 
 from __future__ import annotations
@@ -69,7 +75,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tables-from", nargs="+", default=[], metavar="POOL=GROUP_DIR",
                         help="only write the tables from the finished children of these compare group folders "
                              "(a pool may be named more than once)")
-    return parser.parse_args(argv)
+    parser.add_argument("--save-runs", type=Path, default=None, metavar="FILE",
+                        help="also write every finished run the tables read, and its start, to FILE (JSON lines)")
+    parser.add_argument("--tables-from-runs", nargs="+", type=Path, default=[], metavar="FILE",
+                        help="only write the tables from runs saved by --save-runs (no MLflow, no Prefect); "
+                             "runs whose starts differ are refused")
+    args = parser.parse_args(argv)
+    if args.tables_from_runs and (args.tables_from or args.resume):
+        parser.error("--tables-from-runs reads saved files only: give no --tables-from or --resume with it")
+    return args
 
 
 def pairs(items: list[str], flag: str) -> dict[str, str]:
@@ -92,8 +106,57 @@ def grid(args: argparse.Namespace) -> dict:
             "pools": {p: chosen["pools"][p] for p in args.pools}, "experiment": args.experiment}
 
 
+def refuse(message: str) -> None:
+    """One line on stderr and exit code 2: nothing was written."""
+    print(f"paper_tables: refused: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def tables_from_runs(args: argparse.Namespace) -> dict:
+    """The tables from saved runs (report/saved_runs.py): no MLflow, no Prefect; refused before anything
+    is written when the files' runs may not be combined."""
+    from report.saved_runs import RefusedRuns, read_records, saved_tables_markdown, write_records
+
+    start = time.perf_counter()
+    try:
+        markdown = saved_tables_markdown(args.tables_from_runs, methods=args.methods)
+        records = read_records(args.tables_from_runs) if args.save_runs else []
+    except RefusedRuns as err:
+        refuse(str(err))
+    except OSError as err:
+        refuse(f"{err.filename}: {err.strerror}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.save_runs:
+        write_records(args.save_runs, records, methods=args.methods)
+    path = args.out / "paper_tables.md"
+    path.write_text(markdown)
+    info = {"tables": str(path), "minutes": round((time.perf_counter() - start) / 60, 2),
+            "runs_from": [str(f) for f in args.tables_from_runs],
+            **({"saved_runs": str(args.save_runs)} if args.save_runs else {})}
+    print(markdown)
+    print(json.dumps(info, indent=1))
+    return {"markdown": markdown, **info}
+
+
+def save_runs(path: Path, runs: dict[str, list]) -> None:
+    """Write `runs` (pool -> RunCurves) and each one's start (its MLflow run) to `path`; refused (exit 2,
+    nothing written) when they may not be combined."""
+    from flows.paper_tables import run_start
+    from report.saved_runs import RefusedRuns, write_runs
+
+    clients: dict = {}
+    starts = {str(r.run_dir): run_start(r.run_dir, clients) for rs in runs.values() for r in rs}
+    try:
+        write_runs(path, runs, starts)
+    except RefusedRuns as err:
+        refuse(str(err))
+
+
 def run(args: argparse.Namespace) -> dict:
-    """Run the grid (or only write the tables) in an environment already configured for Prefect and MLflow."""
+    """Run the grid (or only write the tables) in an environment already configured for Prefect and MLflow;
+    with `--tables-from-runs`, from saved files in any environment."""
+    if args.tables_from_runs:
+        return tables_from_runs(args)
     from flows.paper_tables import finished_runs, order_runs, paper_tables, unfinished_children
     from flows.params import PaperTablesParams
     from report.paper_tables import paper_tables_markdown
@@ -116,11 +179,17 @@ def run(args: argparse.Namespace) -> dict:
             + (f"; not finished, so not read: {', '.join(unfinished[pool])}" if unfinished[pool] else "")
             for pool, d in done.items()) + "\n\n" + paper_tables_markdown(runs, order=spec["methods"])
         result = {"markdown": markdown, "groups": groups}
+        if args.save_runs:  # before the tables: a refusal writes nothing
+            save_runs(args.save_runs, runs)
     else:
         result = paper_tables(PaperTablesParams(**spec, resume=pairs(args.resume, "--resume")))
+        if args.save_runs:  # the runs the flow's tables read: every finished child of each pool's group
+            save_runs(args.save_runs, {pool: order_runs(finished_runs(folder), spec["methods"])
+                                       for pool, folder in result["groups"].items()})
     path = args.out / "paper_tables.md"
     path.write_text(result["markdown"])
-    info = {"tables": str(path), "minutes": round((time.perf_counter() - start) / 60, 2), "groups": result["groups"]}
+    info = {"tables": str(path), "minutes": round((time.perf_counter() - start) / 60, 2), "groups": result["groups"],
+            **({"saved_runs": str(args.save_runs)} if args.save_runs else {})}
     print(result["markdown"])
     print(json.dumps(info, indent=1))
     return {**result, **info}
@@ -128,6 +197,8 @@ def run(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    if args.tables_from_runs:  # saved files only: no ADA_HOME, MLflow or Prefect
+        return run(args)
     from flows.demo import configure_environment
 
     home, prefect_mode = configure_environment()  # before Prefect is imported

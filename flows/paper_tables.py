@@ -55,6 +55,39 @@ def unfinished_children(group_dir: str | Path) -> list[str]:
     return out
 
 
+def run_start(run_dir: str | Path, clients: dict | None = None) -> dict[str, Any]:
+    """Where a finished child started, as its MLflow run (run_info.json names it) recorded it: the warm
+    start's `start_model_sha256` (a parameter), the curated set's `dataset_hash` (a parameter), the held-out
+    set's digest (its `evaluation` dataset input) as `heldout_digest`, `mlflow_run_id` and `ran` (the
+    run's start, UTC). A value the run did not record, or an MLflow run that cannot be read, is None:
+    report/saved_runs.py then refuses to combine the run. `clients` caches one client per tracking URI."""
+    from datetime import datetime, timezone
+
+    from mlflow.exceptions import MlflowException
+
+    from ada_core.run.files import read_run_info
+
+    info = read_run_info(Path(run_dir))
+    run_id, uri = info.get("mlflow_run_id"), info.get("tracking_uri")
+    out: dict[str, Any] = {"start_model_sha256": None, "dataset_hash": None, "heldout_digest": None,
+                           "mlflow_run_id": run_id, "ran": None}
+    if not run_id or not uri:
+        return out
+    clients = {} if clients is None else clients
+    try:
+        if uri not in clients:
+            clients[uri] = tracking.open_client(uri)
+        run = clients[uri].get_run(run_id)
+    except MlflowException:
+        return out
+    params = run.data.params
+    inputs = {({t.key: t.value for t in i.tags}).get("mlflow.data.context"): i.dataset.digest
+              for i in run.inputs.dataset_inputs}
+    started = datetime.fromtimestamp(run.info.start_time / 1000, timezone.utc) if run.info.start_time else None
+    return {**out, "start_model_sha256": params.get("start_model_sha256"), "dataset_hash": params.get("dataset_hash"),
+            "heldout_digest": inputs.get("evaluation"), "ran": started.strftime("%Y-%m-%dT%H:%M:%SZ") if started else None}
+
+
 @flow(name="paper-tables", log_prints=True)
 def paper_tables(params: PaperTablesParams = PaperTablesParams()) -> dict[str, Any]:
     """Run `methods` x `seeds` on every pool through `compare`; return the tables and each pool's summary.
