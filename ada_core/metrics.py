@@ -28,6 +28,8 @@ SAMPLER_UNRESOLVED_NO_NEG = "sampler/unresolved_missing_neg"
 SAMPLER_SAMPLES_PER_PROMPT_MEAN = "sampler/samples_per_prompt_mean"
 SAMPLER_SAMPLES_PER_PROMPT_MAX = "sampler/samples_per_prompt_max"
 SAMPLER_P_HAT_MEAN = "sampler/p_hat_mean"
+SAMPLER_CARRIED = "sampler/carried"  # sampler.carry_over: open prompts the step's batch left for later steps
+SAMPLER_CARRIED_SAMPLES = "sampler/carried_samples"  # their committed samples, counted in the step they enter a batch
 SAMPLER_GEN_BATCHES = "sampler/gen_batches"  # dapo
 SAMPLER_FELL_BACK = "sampler/fell_back"  # dapo: 1 when the cap was hit before B groups were kept
 SAMPLER_TIME_S = "sampler/bookkeeping_s"  # the sampler's own time, engine and verifier excluded
@@ -63,6 +65,8 @@ BUDGET_TRAINED_TOKENS_CUM = "budget/trained_tokens_cum"
 BUDGET_COMMITTED_TOKENS = "budget/committed_tokens"  # tokens of the samples in the pools
 BUDGET_ABORTED_TOKENS = "budget/aborted_tokens"  # streaming: tokens of samples aborted past a pool's prefix
 BUDGET_ABORTED_SAMPLES = "budget/aborted_samples"  # streaming: samples started, then aborted (not samples)
+BUDGET_DROPPED_SAMPLES = "budget/dropped_samples"  # sampler.carry_over: samples in flight a resume could not keep
+BUDGET_DROPPED_TOKENS = "budget/dropped_tokens"  # the tokens of those of them that were back from the server
 BUDGET_LOGPROB_TOKENS = "budget/logprob_tokens"  # tokens whose log-probs were recomputed (no grad)
 BUDGET_LOGPROB_TOKENS_CUM = "budget/logprob_tokens_cum"
 
@@ -183,6 +187,8 @@ WHEN_ON: dict[str, tuple[str, ...]] = {
     "rollout.partial_rollout == true": (ASYNC_TOKEN_STALENESS_MEAN, ASYNC_TOKEN_STALENESS_MAX, ASYNC_SPANNING_SAMPLES,
                                         SYNC_FROZEN_SAMPLES),
     "sampler.schedule == streaming": (BUDGET_ABORTED_TOKENS, BUDGET_ABORTED_SAMPLES, TIME_REWARD_OVERLAP_S),
+    "sampler.carry_over == true": (SAMPLER_CARRIED, SAMPLER_CARRIED_SAMPLES, BUDGET_DROPPED_SAMPLES,
+                                   BUDGET_DROPPED_TOKENS),
     "loss.kl_coef > 0": (TRAIN_KL_REF,),
     "distributed.num_ranks > 1": (DIST_WORLD_SIZE, DIST_RANK_UPDATE_MAX_S, DIST_RANK_UPDATE_MIN_S),
     "sampler.name in [ada, budgeted, est]": (SAMPLER_UNRESOLVED, SAMPLER_UNRESOLVED_NO_POS, SAMPLER_UNRESOLVED_NO_NEG),

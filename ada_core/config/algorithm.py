@@ -93,6 +93,15 @@ class SamplerConfig(_Strict):
         "paper's scale in our server model (docs/benchmarks/streaming.md). Ours.",
         json_schema_extra=when("sampler.name == ada", "sampler.schedule == streaming"),
     )
+    carry_over: bool = Field(
+        False,
+        description="ada, schedule=streaming, with rollout.partial_rollout: a step's batch takes the first B "
+        "prompts done (exited, or at their maximum pool, counted across steps) in prompt order; the prompts "
+        "still sampling keep their pools and their requests run on across the weight load, entering a later "
+        "batch once done, and the next step's prompts start in the slots this step's tail leaves free "
+        "(ada_core/sampling/stream_session.py; docs/ALGORITHM.md, Carry-over). Ours: off.",
+        json_schema_extra=when("sampler.name == ada", "sampler.schedule == streaming", "rollout.partial_rollout == true"),
+    )
     # budgeted (ada_core/sampling/allocation.py); ours, after Knapsack RL, VIP, GRESO and MoPPS.
     allocation: Literal["posterior", "elimination"] = Field(
         "posterior",

@@ -106,4 +106,20 @@ class RolloutConfig(_Strict):
         "(docs/ALGORITHM.md, Partial rollout). verl / OpenRLHF / AReaL's partial rollout. Ours: off.",
         json_schema_extra=when("rollout.engine == vllm", "rollout.async_steps >= 1")
     )
+    max_staleness: int | None = Field(
+        None, ge=1,
+        description="sampler.carry_over: the most updates any trained token may be behind the policy it is "
+        "trained against. A prompt drawn for step d has no token older than d - 1 - rollout.async_steps, so it "
+        "must enter a batch by step d + max_staleness - rollout.async_steps; `rollout.stale` says what happens "
+        "to one that is not done by then. Null: no bound but the pool's maximum (N rounds). verl's "
+        "max_off_policy_threshold, AReaL's max_head_offpolicyness.",
+        json_schema_extra=when("sampler.carry_over == true"),
+    )
+    stale: Literal["wait", "drop"] = Field(
+        "wait",
+        description="sampler.carry_over with rollout.max_staleness: a prompt due by the bound is `wait`ed for "
+        "(the step's batch takes it once done) or `drop`ped (its requests cancelled, its samples counted in "
+        "budget/dropped_*). verl's wait / drop.",
+        json_schema_extra=when("sampler.carry_over == true", "rollout.max_staleness != null"),
+    )
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)

@@ -178,6 +178,26 @@ class TrainConfig(_Strict):
         return self
 
 
+    @model_validator(mode="after")
+    def _carry_over_streams_across_loads(self) -> "TrainConfig":
+        s = self.sampler
+        if not s.carry_over:
+            return self
+        if s.name != "ada" or s.schedule != "streaming" or not self.rollout.partial_rollout:
+            raise ValueError(f"sampler.carry_over: true keeps Ada's streaming pools open across steps, their "
+                             f"requests running through the weight loads of partial rollout; here sampler.name="
+                             f"{s.name!r}, sampler.schedule={s.schedule!r}, rollout.partial_rollout="
+                             f"{self.rollout.partial_rollout}: use sampler.carry_over: false")
+        if s.global_sample_cap is not None:
+            raise ValueError(f"sampler.global_sample_cap: {s.global_sample_cap} caps one step's samples, and under "
+                             "sampler.carry_over a pool's samples span steps: use sampler.global_sample_cap: null")
+        bound, k = self.rollout.max_staleness, self.rollout.async_steps
+        if bound is not None and bound < k:
+            raise ValueError(f"rollout.max_staleness: {bound} is below rollout.async_steps: {k}, which a batch drawn "
+                             f"ahead already reaches: use rollout.max_staleness >= {k}")
+        return self
+
+
 def validate_config(data: dict[str, Any], origin: Callable[[str], str | None] | None = None) -> TrainConfig:
     """`data` as a TrainConfig, or one `ConfigError` line naming each bad field. `origin(dotted)` says where
     a field's value came from when that is not the command line (`config file run.yaml, line 3`)."""

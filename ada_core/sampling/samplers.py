@@ -49,7 +49,7 @@ from ada_core.sampling.allocation import (EstHistory, PromptHistory, est_allocat
 from ada_core.sampling.rounds import (DOWNSAMPLERS, allocate_round, check_prompts, draw_and_score, finish_batch, has_exited,
                                      make_group)
 from ada_core.sampling.step_metrics import StepClock
-from ada_core.sampling.streaming import run_streaming
+from ada_core.sampling.stream_session import StreamSession, run_streaming
 
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,9 @@ class _NoState:
     def load_state_dict(self, state: dict | None) -> None:
         pass
 
+    def close(self) -> None:
+        pass
+
 
 class _KeepsHistory:
     """Samplers that remember every prompt across steps in `self.history`: their checkpoint entry is it."""
@@ -75,6 +78,9 @@ class _KeepsHistory:
 
     def load_state_dict(self, state: dict) -> None:
         self.history.load_state_dict(state)
+
+    def close(self) -> None:
+        pass
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -161,11 +167,52 @@ class DynamicFilterSampler(_NoState):
 
 
 @dataclass
-class AdaSampler(_NoState):
-    """Reinforce-Ada successive elimination (see the module docstring)."""
+class AdaSampler:
+    """Reinforce-Ada successive elimination (see the module docstring). Under `sampler.carry_over` its
+    streaming session outlives the step (`carry_step`; ada_core/sampling/stream_session.py), and its
+    checkpoint entry is the session's open prompts; otherwise it keeps nothing between steps."""
 
     cfg: SamplerConfig
     advantage: AdvantageConfig
+    session: StreamSession | None = field(default=None, repr=False)
+    _restored: dict | None = field(default=None, repr=False)
+
+    def state_dict(self) -> dict | None:
+        if not self.cfg.carry_over:
+            return None
+        return self.session.state_dict() if self.session is not None else self._restored
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if self.cfg.carry_over:
+            self._restored = state
+
+    def carry_step(self, take: int, source: PromptSource, engine: RolloutEngine, verifier: Verifier,
+                   sampling: SamplingParams, rng: np.random.Generator, number: int, carry_steps: int | None = None,
+                   stale: str = "wait") -> RolloutBatch:
+        """Step `number` under carry-over: its `take` prompts join the stream (unless the last step drew them
+        ahead), and the batch is the first `take` prompts done, older first. `carry_steps`: how many steps
+        after the one it joined in a prompt may enter a batch (rollout.max_staleness - rollout.async_steps;
+        None: no bound); `stale` says what becomes of one not done by then."""
+        if self.session is None:
+            self.session = StreamSession(self.cfg, self.advantage, engine)
+            if self._restored is not None:
+                self.session.load_state_dict(self._restored)
+                self._restored = None
+        session = self.session
+
+        def draw() -> None:  # joining during step `number`'s draw, on no older weights than it sees
+            due = None if carry_steps is None else number + carry_steps
+            session.add_prompts(fresh_prompts(source, take, session.open_ids), rng, due)
+
+        if not session.drew_ahead or len(session.open) < take:  # so `take` open prompts can be done this step
+            draw()
+        # carry_steps 0: a prompt must enter the batch of the step it joins, so none is drawn ahead
+        ahead = draw if carry_steps is None or carry_steps > 0 else None
+        return session.step(verifier, sampling, rng, take=take, draw_ahead=ahead, number=number, stale=stale)
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
 
     def sample(
         self,
@@ -176,6 +223,8 @@ class AdaSampler(_NoState):
         rng: np.random.Generator,
         source: PromptSource | None = None,
     ) -> RolloutBatch:
+        if self.cfg.carry_over:
+            raise RuntimeError("sampler.carry_over: the sampler draws its own prompts; call carry_step")  # a bug
         if self.cfg.schedule == "streaming":  # per-sample exits with aborts: ada_core/sampling/streaming.py
             return run_streaming(self.cfg, self.advantage, prompts, engine, verifier, sampling, rng)
         clock = StepClock()
@@ -381,6 +430,21 @@ SAMPLERS: dict[str, type[Sampler]] = {
     "fixed": FixedSampler, "dynamic_filter": DynamicFilterSampler, "ada": AdaSampler, "budgeted": BudgetedSampler,
     "est": EstSampler,
 }
+
+
+def fresh_prompts(source: PromptSource, k: int, open_ids: set[str]) -> list[Prompt]:
+    """The source's next `k` prompts, each one still open in the stream replaced by the next one that is not
+    (carry-over: a prompt is in one step's stream at a time). Raises once a whole epoch offers no replacement."""
+    out = [p for p in source.take(k) if p.id not in open_ids]
+    for _ in range(len(source)):
+        if len(out) == k:
+            return out
+        taken = {p.id for p in out}
+        out.extend(p for p in source.take(1) if p.id not in open_ids and p.id not in taken)
+    if len(out) < k:
+        raise RuntimeError(f"sampler.carry_over: {len(open_ids)} prompts are still open and the {len(source)} "
+                           f"training prompts hold no {k} others for the next step")
+    return out
 
 
 def make_sampler(sampler_cfg: SamplerConfig, advantage_cfg: AdvantageConfig) -> Sampler:

@@ -18,30 +18,19 @@ their tokens count as generated tokens (`budget/aborted_tokens`), not as samples
 The global cap counts samples started and not aborted, so the committed samples never pass it.
 Downsampling and advantages are the `rounds` ones, applied to the same pools.
 
-`StreamSchedule` is the bookkeeping alone (no threads, no clock): `run_streaming` drives it with a
-real engine and verifier, and `benchmarks/streaming_model.py` drives it with a simulated server.
+`StreamSchedule` is the bookkeeping alone (no threads, no clock): `stream_session.run_streaming` drives
+it with a real engine and verifier (and, under `rollout.carry_over`, across steps), and
+`benchmarks/streaming_model.py` drives it with a simulated server.
 """
 
 from __future__ import annotations
 
 import hashlib
 import heapq
-import logging
-import queue
-import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import replace
 
-import numpy as np
-
-from ada_core.config import AdvantageConfig, SamplerConfig
-from ada_core.protocols import BlockHandle, SamplingParams, StreamingRolloutEngine, StreamOutcome, Verifier
-from ada_core.records import Prompt, PromptPool, RolloutBatch, Sample
-from ada_core.sampling.rounds import DOWNSAMPLERS, EXIT_RULES, apply_verdict, check_prompts, finish_batch, make_group
-from ada_core.sampling.step_metrics import StepClock
-
-log = logging.getLogger(__name__)
+from ada_core.config import SamplerConfig
+from ada_core.sampling.rounds import EXIT_RULES
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -95,6 +84,37 @@ class StreamSchedule:
         self.aborted = 0
         self._heap = [(0, i) for i in range(num_prompts)]  # prompts that may start more, lowest index first
         self._queued = set(range(num_prompts))
+
+    def add_prompt(self, committed: Sequence[bool] = ()) -> int:
+        """A prompt joins the schedule (carry-over: a later step's prompts, or a resumed run's carried ones
+        with the samples already `committed` to their pools, their positives given). Returns its index."""
+        i = len(self.next_j)
+        size, pos = len(committed), sum(committed)
+        self.next_j.append(size)
+        self.committed.append(size)
+        self.positives.append(pos)
+        self.exited.append(size >= self.n and pos >= self.need_pos and size - pos >= self.need_neg)
+        self.outstanding.append(set())
+        self.running.append(set())
+        self.ready.append({})
+        self._requeue(i)
+        return i
+
+    def done_sampling(self, i: int) -> bool:
+        """Prompt i's pool is final: it exited, or every sample up to its maximum is committed."""
+        return self.exited[i] or self.committed[i] >= self.max_per_prompt
+
+    def drop(self, i: int) -> list[int]:
+        """Carry-over: prompt i leaves the schedule unfinished (a checkpoint's resume drops what it had in
+        flight). Returns the sample indices it had started and not committed; their slots are freed."""
+        dropped = sorted(self.outstanding[i])
+        for k in dropped:
+            self.generated(i, k)
+        self.outstanding[i].clear()
+        self.ready[i].clear()
+        self.live -= len(dropped)
+        self.exited[i] = True  # starts nothing more
+        return dropped
 
     def _may_start(self, i: int) -> bool:
         if self.exited[i] or self.next_j[i] >= self.max_per_prompt:
@@ -179,147 +199,6 @@ class StreamSchedule:
     def idle(self) -> bool:
         """Nothing started is unresolved: the step is over once `starts()` is empty too."""
         return self.in_flight == 0 and not any(self.outstanding)
-
-
-# ---------------------------------------------------------------------------------------------------
-# The live driver: a real engine, a verifier thread, and the schedule in the calling thread.
-# ---------------------------------------------------------------------------------------------------
-def check_streaming_engine(engine) -> None:
-    if not isinstance(engine, StreamingRolloutEngine):
-        raise ValueError(
-            f"sampler.schedule: 'streaming' needs a rollout engine that streams single samples and aborts them "
-            f"(rollout.engine: vllm); {type(engine).__name__} serves only sampler.schedule: rounds"
-        )
-
-
-def run_streaming(cfg: SamplerConfig, advantage: AdvantageConfig, prompts: list[Prompt], engine, verifier: Verifier,
-                  sampling: SamplingParams, rng: np.random.Generator) -> RolloutBatch:
-    """One Ada step under the streaming schedule (the module docstring); same groups contract as rounds."""
-    clock = StepClock()
-    check_prompts(prompts)
-    check_streaming_engine(engine)
-    threshold = cfg.positive_threshold
-    step_seed = int(rng.integers(0, 2**31 - 1))  # one draw, as a `rounds` engine call takes
-    params = replace(sampling, seed=None)
-    schedule = StreamSchedule(len(prompts), cfg, cfg.window, engine.concurrency)
-    events: queue.Queue = queue.Queue()
-    blocks: list[dict[int, BlockHandle]] = [{} for _ in prompts]  # prompt -> first index -> its open block
-    pending: dict[tuple[int, int], Future] = {}  # samples whose future has not resolved
-    waiting: dict[tuple[int, int], Sample] = {}  # scored, waiting for an earlier sample to commit
-    pools = [PromptPool(p) for p in prompts]
-    aborted_keys: set[tuple[int, int]] = set()
-    backlog: list[tuple[int, int, Sample]] = []  # generated, waiting for the verifier
-    verifying = False
-    verify_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stream-verify")
-
-    def launch() -> None:
-        for i, j0, count in schedule.starts():
-            handle = engine.submit(prompts[i], sample_seed(step_seed, prompts[i].id, j0), count, params)
-            if len(handle.futures) != count:
-                raise ValueError(f"engine returned {len(handle.futures)} futures for a block of {count} samples")
-            blocks[i][j0] = handle
-            for k, future in enumerate(handle.futures):
-                pending[(i, j0 + k)] = future
-                future.add_done_callback(lambda f, key=(i, j0 + k), j0=j0: events.put(("generated", key, (j0, f))))
-
-    def cancel_prompt(i: int) -> None:
-        for handle in blocks[i].values():
-            handle.cancel()
-        blocks[i].clear()
-
-    def verify(batch):
-        t0 = time.perf_counter()
-        verdicts = verifier.verify([(prompts[i], s.text) for i, _, s in batch])
-        return batch, verdicts, time.perf_counter() - t0
-
-    def start_verifying() -> None:
-        nonlocal verifying, backlog
-        if backlog and not verifying:
-            verifying, batch, backlog = True, backlog, []
-            verify_pool.submit(verify, batch).add_done_callback(lambda f: events.put(("verified", None, f)))
-
-    meter_start = meter_end = engine.meter.read()
-    started = generation_end = time.perf_counter()
-    try:
-        launch()
-        if prompts and not pending:
-            raise RuntimeError("streaming schedule started no sample")  # a bookkeeping bug, never input
-        while pending or backlog or verifying:
-            kind, key, future = events.get()
-            if kind == "generated":
-                i, j = key
-                j0, future = future
-                pending.pop(key, None)
-                outcome: StreamOutcome = future.result()  # a dead server raises here, naming itself
-                generation_end, meter_end = time.perf_counter(), engine.meter.read()
-                schedule.generated(i, j)
-                if j0 in blocks[i] and all((i, j0 + k) not in pending for k in range(len(blocks[i][j0].futures))):
-                    del blocks[i][j0]
-                if key in aborted_keys:
-                    clock.aborted_tokens += outcome.tokens
-                elif outcome.sample is None:
-                    raise RuntimeError(f"engine aborted sample {j} of prompt {prompts[i].id!r} unasked")
-                elif outcome.sample.prompt_id != prompts[i].id:
-                    raise ValueError(f"engine returned a sample of prompt {outcome.sample.prompt_id!r} for prompt "
-                                     f"{prompts[i].id!r}")
-                else:
-                    backlog.append((i, j, outcome.sample))
-                    start_verifying()
-                launch()
-                continue
-            verifying = False  # kind == "verified"
-            batch, verdicts, spent = future.result()
-            clock.reward_s += spent
-            if len(verdicts) != len(batch):
-                raise ValueError(f"verifier returned {len(verdicts)} verdicts for {len(batch)} completions")
-            start_verifying()
-            for (i, j, sample), verdict in zip(batch, verdicts):
-                if (i, j) in aborted_keys:  # its prompt exited while it was being scored
-                    clock.aborted_tokens += sample.num_tokens
-                    continue
-                apply_verdict(prompts[i], sample, verdict, round_of(j, cfg.first_round, cfg.M))
-                waiting[(i, j)] = sample
-                committed, aborted = schedule.finished(i, j, sample.reward > threshold)  # type: ignore[operator]
-                pools[i].samples.extend(waiting.pop((i, k)) for k in committed)
-                for k in aborted:
-                    aborted_keys.add((i, k))
-                    if (i, k) in waiting:  # scored past the prefix: its tokens are spent, it is no sample
-                        clock.aborted_tokens += waiting.pop((i, k)).num_tokens
-                if aborted:
-                    cancel_prompt(i)
-            launch()
-    except BaseException:
-        for i in range(len(prompts)):
-            cancel_prompt(i)
-        wait(list(pending.values()), timeout=30)  # leave no request running behind the error
-        raise
-    finally:
-        verify_pool.shutdown(wait=False, cancel_futures=True)
-    ended = time.perf_counter()
-    clock.generate_s = generation_end - started
-    # Scoring ran during generation except for the last batches after the last sample came back.
-    clock.reward_overlap_s = max(0.0, clock.reward_s - (ended - generation_end))
-    clock.below_capacity_s = meter_end.below_s - meter_start.below_s
-    clock.metered_s = meter_end.at - meter_start.at
-    clock.slot_s, clock.capacity = meter_end.slot_s - meter_start.slot_s, engine.meter.capacity
-    clock.aborted_samples = schedule.aborted
-    if not schedule.idle():
-        raise RuntimeError("streaming schedule ended with samples unresolved")  # a bookkeeping bug, never input
-
-    for i, pool in enumerate(pools):
-        pool.rounds = 1 + round_of(max(len(pool.samples) - 1, 0), cfg.first_round, cfg.M) if pool.samples else 0
-        if schedule.exited[i]:
-            pool.exit_reason = cfg.exit_rule
-    rounds_reached = max((pool.rounds for pool in pools), default=0)
-    clock.active_per_round = [sum(pool.rounds > r for pool in pools) for r in range(rounds_reached)]
-    downsample, groups = DOWNSAMPLERS[cfg.downsample], []
-    for pool in pools:
-        if pool.exit_reason != cfg.exit_rule:
-            pool.exit_reason = "unresolved"
-            if cfg.unresolved == "drop" or len(pool.samples) < cfg.n:
-                continue
-        groups.append(make_group(pool, downsample(pool.samples, cfg.n, threshold, rng), advantage, threshold))
-    return finish_batch(pools, groups, clock, cfg, [cfg.exit_rule, "unresolved"])
 
 
 def shortest_prefix(rewards: Sequence[float], cfg: SamplerConfig) -> int:

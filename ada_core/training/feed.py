@@ -135,15 +135,17 @@ def staleness_metrics(batch: RolloutBatch, trained_version: int, k: int) -> dict
 
 def token_staleness_metrics(batch: RolloutBatch, trained_version: int, k: int) -> dict[str, float]:
     """rollout.partial_rollout: how many updates old each drawn token's policy is (the histogram
-    `async/tokens_stale_<age>` for ages 0..k, mean, max) and how many samples span two versions or more."""
-    counts = [0] * (k + 1)
+    `async/tokens_stale_<age>` for ages 0..k, or to the oldest under sampler.carry_over; mean, max) and how many samples span two versions or more."""
+    counts = [0] * (k + 1)  # sampler.carry_over: a carried prompt's tokens can be older than k
     spanning = 0
     for pool in batch.pools:
         for s in pool.samples:
             versions = s.token_versions or [s.policy_version] * s.num_tokens
             spanning += len(set(versions)) > 1
             for v in versions:
-                counts[trained_version - v] += 1
+                age = trained_version - v
+                counts.extend([0] * (age + 1 - len(counts)))
+                counts[age] += 1
     tokens = sum(counts)
     out = {K.token_staleness_key(age): n / tokens if tokens else 0.0 for age, n in enumerate(counts)}
     out[K.ASYNC_TOKEN_STALENESS_MEAN] = sum(age * n for age, n in enumerate(counts)) / tokens if tokens else 0.0
@@ -183,8 +185,9 @@ class SyncFeed:
 class AsyncFeed:
     """`rollout.async_steps: k >= 1` (the module docstring)."""
 
-    def __init__(self, state, steps, k: int, partial: bool = False):
+    def __init__(self, state, steps, k: int, partial: bool = False, bound: float | None = None):
         self.state, self.steps, self.k, self.partial = state, steps, k, partial
+        self.bound = k if bound is None else bound  # the oldest a batch's policy may be (sampler.carry_over: more)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="async-rollout")
         # Partial rollout: loads run on a thread of their own, while a draw goes on (the engine freezes and
         # resumes its samples around each); otherwise on the rollout thread, between two draws.
@@ -259,9 +262,9 @@ class AsyncFeed:
         start = time.perf_counter()
         batch, version = self._batches.pop(t).result()  # a failed draw raises here
         waited = time.perf_counter() - start
-        if not 0 <= t - 1 - version <= self.k:
-            raise RuntimeError(f"batch {t} came from policy version {version}, more than rollout.async_steps={self.k} "
-                               f"updates before {t - 1}")  # the job order guarantees it; a bug, never input
+        if not 0 <= t - 1 - version <= self.bound:
+            raise RuntimeError(f"batch {t} came from policy version {version}, more than {self.bound} updates before "
+                               f"{t - 1} (rollout.async_steps={self.k})")  # the job order (and carry-over's due steps) guarantee it; a bug
         if self.partial and any(v > t - 1 for p in batch.pools for s in p.samples for v in s.token_versions or ()):
             raise RuntimeError(f"batch {t} holds tokens of a policy newer than update {t}'s old one, {t - 1}")  # a bug
         out = {K.ASYNC_POLICY_VERSION: float(version), K.ASYNC_WAIT_S: waited}

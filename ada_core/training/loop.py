@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import shutil
 import time
@@ -71,8 +72,14 @@ class Callbacks:
 def rollout_step(state: RunState) -> RolloutBatch:
     """Draw this step's prompts and run the configured sampler over them."""
     sampler = state.sampler or make_sampler(state.config.sampler, state.config.advantage)
-    prompts = state.source.take(state.config.prompts_per_step)
     verifier = StepBudget(state.verifier, state.config.verifier.step_budget_s)  # the step's verify calls share it
+    r = state.config.rollout
+    if state.config.sampler.carry_over:  # the stream draws its prompts as it has room (ada_core/sampling/stream_session.py)
+        carry_steps = None if r.max_staleness is None else r.max_staleness - r.async_steps
+        return sampler.carry_step(state.config.prompts_per_step, state.source, state.rollout, verifier,
+                                  state.sampling, state.rng, number=state.drawing_step, carry_steps=carry_steps,
+                                  stale=r.stale)
+    prompts = state.source.take(state.config.prompts_per_step)
     return sampler.sample(prompts, state.rollout, verifier, state.sampling, state.rng, source=state.source)
 
 
@@ -218,7 +225,10 @@ def run_steps(state: RunState, steps: StepFunctions = DEFAULT_STEPS, callbacks: 
     metrics_path = state.output_dir / files.METRICS
     k = cfg.rollout.async_steps
     partial = cfg.rollout.partial_rollout
-    feed = AsyncFeed(state, steps, k, partial=partial) if k > 0 else SyncFeed(state, steps)
+    bound = None
+    if cfg.sampler.carry_over:  # a carried prompt's tokens are as old as rollout.max_staleness lets them be
+        bound = math.inf if cfg.rollout.max_staleness is None else cfg.rollout.max_staleness
+    feed = AsyncFeed(state, steps, k, partial=partial, bound=bound) if k > 0 else SyncFeed(state, steps)
     meters = state.rollout.server_meters()
     readings = [m.read() for m in meters]
     bar = tqdm(total=cfg.steps, initial=state.step, desc=f"{cfg.preset}", unit="step", dynamic_ncols=True)

@@ -99,7 +99,9 @@ class RunState:
     def close(self) -> None:
         """Close every part, even when one fails to close (the first failure is raised after the rest);
         the run folder's lock last, once nothing of this run writes it."""
-        parts = [self.ledger, self.verifier,
+        parts = [self.ledger,
+                 self.sampler,  # sampler.carry_over: its open requests, before the server
+                 self.verifier,
                  self.rollout,  # the vLLM engine stops its server
                  self.updater,  # a rank group stops its actors (and the Ray it started)
                  self.lock]

@@ -77,3 +77,37 @@ def test_a_spanning_batch_survives_a_checkpoint_with_its_token_versions():
     batch = _spanning_batch()
     back = batch_from_dict(json.loads(json.dumps(batch_to_dict(batch))))
     assert back == batch and back.pools[0].samples[0].token_versions == [3, 3, 4, 4]
+
+
+CARRY = {"rollout": ON, "loss": {"tis_cap": 2.0}, "sampler": {"schedule": "streaming", "carry_over": True}}
+
+
+def test_carry_over_is_refused_where_it_cannot_apply():
+    """sampler.carry_over keeps Ada's streaming pools open across weight loads: it needs the streaming schedule
+    and partial rollout, refuses a per-step sample cap, and a staleness bound below what a batch drawn ahead
+    already reaches; the bound's `stale` choice is refused without a bound."""
+    ok = build_config("ada-balance", "tiny", overrides=CARRY)
+    assert ok.sampler.carry_over and ok.rollout.max_staleness is None
+    with pytest.raises(ConfigError, match=r"sampler\.carry_over"):
+        build_config("ada-balance", "tiny", overrides={**CARRY, "sampler": {"carry_over": True}})  # rounds
+    with pytest.raises(ConfigError, match=r"sampler\.carry_over"):
+        build_config("ada-balance", "tiny", overrides={**CARRY, "rollout": {**ON, "partial_rollout": False}})
+    with pytest.raises(ConfigError, match=r"sampler\.global_sample_cap: 64 caps one step's samples"):
+        build_config("ada-balance", "tiny", overrides={**CARRY, "sampler": {**CARRY["sampler"], "global_sample_cap": 64}})
+    with pytest.raises(ConfigError, match=r"rollout\.max_staleness: 1 is below rollout\.async_steps: 2"):
+        build_config("ada-balance", "tiny", overrides={**CARRY, "rollout": {**ON, "async_steps": 2, "max_staleness": 1}})
+    with pytest.raises(ConfigError, match=r"rollout\.stale"):
+        build_config("ada-balance", "tiny", overrides={**CARRY, "rollout": {**ON, "stale": "drop"}})
+    bounded = build_config("ada-balance", "tiny", overrides={**CARRY, "rollout": {**ON, "max_staleness": 3, "stale": "drop"}})
+    assert bounded.rollout.max_staleness == 3 and bounded.rollout.stale == "drop"
+
+
+def test_the_token_histogram_reaches_a_carried_tokens_age():
+    """Under carry-over a token can be older than rollout.async_steps: the histogram grows to the oldest."""
+    prompt = Prompt("p0", "1+1=", "2", prompt_ids=[1, 2])
+    sample = Sample("p0", [5, 6, 7, 8], [-0.1, -0.2, -0.3, -0.4], "x", reward=1.0, token_versions=[1, 2, 4, 4])
+    batch = RolloutBatch([], {}, [PromptPool(prompt, [sample])])
+    tag_versions(batch, 1)
+    out = token_staleness_metrics(batch, trained_version=4, k=1)
+    assert out[K.ASYNC_TOKEN_STALENESS_MAX] == 3
+    assert [out[K.token_staleness_key(a)] for a in range(4)] == [0.5, 0.0, 0.25, 0.25]
