@@ -198,17 +198,7 @@ class AdaSampler:
             if self._restored is not None:
                 self.session.load_state_dict(self._restored)
                 self._restored = None
-        session = self.session
-
-        def draw() -> None:  # joining during step `number`'s draw, on no older weights than it sees
-            due = None if carry_steps is None else number + carry_steps
-            session.add_prompts(fresh_prompts(source, take, session.open_ids), rng, due)
-
-        if not session.drew_ahead or len(session.open) < take:  # so `take` open prompts can be done this step
-            draw()
-        # carry_steps 0: a prompt must enter the batch of the step it joins, so none is drawn ahead
-        ahead = draw if carry_steps is None or carry_steps > 0 else None
-        return session.step(verifier, sampling, rng, take=take, draw_ahead=ahead, number=number, stale=stale)
+        return self.session.carry_step(take, source, verifier, sampling, rng, number, carry_steps, stale)
 
     def close(self) -> None:
         if self.session is not None:
@@ -430,21 +420,6 @@ SAMPLERS: dict[str, type[Sampler]] = {
     "fixed": FixedSampler, "dynamic_filter": DynamicFilterSampler, "ada": AdaSampler, "budgeted": BudgetedSampler,
     "est": EstSampler,
 }
-
-
-def fresh_prompts(source: PromptSource, k: int, open_ids: set[str]) -> list[Prompt]:
-    """The source's next `k` prompts, each one still open in the stream replaced by the next one that is not
-    (carry-over: a prompt is in one step's stream at a time). Raises once a whole epoch offers no replacement."""
-    out = [p for p in source.take(k) if p.id not in open_ids]
-    for _ in range(len(source)):
-        if len(out) == k:
-            return out
-        taken = {p.id for p in out}
-        out.extend(p for p in source.take(1) if p.id not in open_ids and p.id not in taken)
-    if len(out) < k:
-        raise RuntimeError(f"sampler.carry_over: {len(open_ids)} prompts are still open and the {len(source)} "
-                           f"training prompts hold no {k} others for the next step")
-    return out
 
 
 def make_sampler(sampler_cfg: SamplerConfig, advantage_cfg: AdvantageConfig) -> Sampler:

@@ -35,6 +35,7 @@ import numpy as np
 
 from ada_core import metrics as mk
 from ada_core.config import AdvantageConfig, SamplerConfig
+from ada_core.data.source import PromptSource
 from ada_core.protocols import BlockHandle, SamplingParams, StreamingRolloutEngine, StreamOutcome, Verifier
 from ada_core.records import Prompt, PromptPool, RolloutBatch, Sample, batch_from_dict, batch_to_dict
 from ada_core.sampling.rounds import DOWNSAMPLERS, apply_verdict, check_prompts, finish_batch, make_group
@@ -282,6 +283,21 @@ class StreamSession:
                      mk.BUDGET_DROPPED_SAMPLES: float(dropped[0]), mk.BUDGET_DROPPED_TOKENS: float(dropped[1])}
         return finish_batch(pools, groups, clock, cfg, [cfg.exit_rule, "unresolved"], extra)
 
+    def carry_step(self, take: int, source: PromptSource, verifier: Verifier, sampling: SamplingParams,
+                   rng: np.random.Generator, number: int, carry_steps: int | None, stale: str) -> RolloutBatch:
+        """Step `number` under carry-over (AdaSampler.carry_step): its `take` prompts join the stream unless
+        the last step drew them ahead, and the next step's are drawn ahead when the tail leaves room."""
+
+        def draw() -> None:  # joining during step `number`'s draw, on no older weights than it sees
+            due = None if carry_steps is None else number + carry_steps
+            self.add_prompts(fresh_prompts(source, take, self.open_ids), rng, due)
+
+        if not self.drew_ahead or len(self.open) < take:  # so `take` open prompts can be done this step
+            draw()
+        # carry_steps 0: a prompt must enter the batch of the step it joins, so none is drawn ahead
+        ahead = draw if carry_steps is None or carry_steps > 0 else None
+        return self.step(verifier, sampling, rng, take=take, draw_ahead=ahead, number=number, stale=stale)
+
     # --- checkpoint and end -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The open prompts with their committed samples and seeds, and what a resume will drop: samples
@@ -312,3 +328,18 @@ class StreamSession:
             self._cancel_prompt(i)
         wait(list(self.pending.values()), timeout=30)  # leave no request running behind the run
         self.verify_pool.shutdown(wait=False, cancel_futures=True)
+
+
+def fresh_prompts(source: PromptSource, k: int, open_ids: set[str]) -> list[Prompt]:
+    """The source's next `k` prompts, each one still open in the stream replaced by the next one that is not
+    (carry-over: a prompt is in one step's stream at a time). Raises once a whole epoch offers no replacement."""
+    out = [p for p in source.take(k) if p.id not in open_ids]
+    for _ in range(len(source)):
+        if len(out) == k:
+            return out
+        taken = {p.id for p in out}
+        out.extend(p for p in source.take(1) if p.id not in open_ids and p.id not in taken)
+    if len(out) < k:
+        raise RuntimeError(f"sampler.carry_over: {len(open_ids)} prompts are still open and the {len(source)} "
+                           f"training prompts hold no {k} others for the next step")
+    return out
