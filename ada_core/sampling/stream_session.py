@@ -221,13 +221,19 @@ class StreamSession:
         started = generation_end = time.perf_counter()
         try:
             self._launch(params)
-            if not self.pending and not ready():
+            is_ready = ready()
+            if not self._busy() and not is_ready:  # carry-over: a verifier batch may still be out from the last step
                 raise RuntimeError("streaming schedule started no sample")  # a bookkeeping bug, never input
-            while not ready():
+            while not is_ready:
                 if not self._busy():  # nothing to wait for, and too few prompts done: a bookkeeping bug
                     raise RuntimeError(f"streaming schedule stalled with {len(self.open)} prompts open")
-                if self._handle(self.events.get(), clock, verifier, params):
+                generated = self._handle(self.events.get(), clock, verifier, params)
+                if generated:
                     generation_end, meter_end = time.perf_counter(), self.engine.meter.read()
+                # A prompt is done only once scored samples commit (a "verified" event): with `take` the scan
+                # over the open prompts runs per verifier batch, not per sample back from the engine.
+                if take is None or not generated:
+                    is_ready = ready()
                 if draw_ahead is not None and not self.drew_ahead and self.schedule.in_flight < self.schedule.capacity:
                     draw_ahead()  # this step's tail leaves slots free: the next step's prompts start in them
                     self.drew_ahead = True
