@@ -25,6 +25,8 @@ KERNELS = {
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2"},  # torch's own kernels at AVX2
     "default": {"ATEN_CPU_CAPABILITY": "default"},  # torch's own kernels without vector extensions
     "mkl-avx2": {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},  # the BLAS at AVX2
+    # the BLAS at plain AVX-512: no AVX512-FP16, BF16 or AMX paths a newer Xeon would add
+    "mkl-avx512": {"MKL_ENABLE_INSTRUCTIONS": "AVX512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"},
 }
 
 ONE_RUN = r"""

@@ -73,15 +73,19 @@ class RefusedRuns(ValueError):
 
 
 def machine(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, Any]:
-    """{"cpu": the CPU model name, "avx512": whether its flags include avx512f}; None for what cannot be read."""
+    """{"cpu": the CPU model name, "avx512": whether its flags include avx512f, "vector": its AVX-512 and AMX flags
+    (two Xeons that both say AVX-512 trained different starts: docs/benchmarks/testbed.md)}; None for what
+    cannot be read."""
     try:
         text = Path(cpuinfo).read_text()
     except OSError:
-        return {"cpu": None, "avx512": None}
+        return {"cpu": None, "avx512": None, "vector": None}
     model = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
     flags = re.search(r"^flags\s*:\s*(.+)$", text, re.M)
+    names = flags.group(1).split() if flags else None
     return {"cpu": model.group(1).strip() if model else None,
-            "avx512": ("avx512f" in flags.group(1).split()) if flags else None}
+            "avx512": ("avx512f" in names) if names is not None else None,
+            "vector": " ".join(sorted(f for f in names if f.startswith(("avx512", "amx")))) if names is not None else None}
 
 
 def run_record(run: RunCurves, pool: str, start: dict[str, Any], host: dict[str, Any], saved: str) -> dict[str, Any]:

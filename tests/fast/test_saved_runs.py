@@ -186,10 +186,11 @@ def test_machine_reads_the_cpu_model_and_avx512(tmp_path):
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse avx2\n\n"
                     "processor\t: 1\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse avx2\n")
-    assert machine(info) == {"cpu": "AMD EPYC 7B13", "avx512": False}
-    info.write_text("model name\t: Intel(R) Xeon(R) CPU @ 2.20GHz\nflags\t\t: avx2 avx512f avx512dq\n")
-    assert machine(info) == {"cpu": "Intel(R) Xeon(R) CPU @ 2.20GHz", "avx512": True}
-    assert machine(tmp_path / "none") == {"cpu": None, "avx512": None}
+    assert machine(info) == {"cpu": "AMD EPYC 7B13", "avx512": False, "vector": ""}
+    info.write_text("model name\t: Intel(R) Xeon(R) CPU @ 2.20GHz\nflags\t\t: avx2 avx512f amx_tile avx512dq\n")
+    assert machine(info) == {"cpu": "Intel(R) Xeon(R) CPU @ 2.20GHz", "avx512": True,
+                             "vector": "amx_tile avx512dq avx512f"}
+    assert machine(tmp_path / "none") == {"cpu": None, "avx512": None, "vector": None}
     assert K.EVAL_AVG_AT_K in POINT_KEYS
 
 
@@ -233,7 +234,7 @@ def test_save_runs_from_run_folders_reads_each_start_from_mlflow(bench, tmp_path
     start = records[0]["start"]
     assert {k: start[k] for k in ("start_model_sha256", "dataset_hash", "heldout_digest")} == {
         k: START[k] for k in ("start_model_sha256", "dataset_hash", "heldout_digest")}
-    assert start["mlflow_run_id"] and start["ran"].endswith("Z") and set(records[0]["machine"]) == {"cpu", "avx512"}
+    assert start["mlflow_run_id"] and start["ran"].endswith("Z") and set(records[0]["machine"]) == {"cpu", "avx512", "vector"}
     again = tables_from(bench, tmp_path, saved, out="again")["markdown"]
     assert again.split("\n\n", 2)[2] == direct["markdown"].split("\n\n", 2)[2]  # the tables, past each header
 
