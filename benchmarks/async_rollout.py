@@ -18,17 +18,23 @@ limit from the same run), which the two runs' different lengths do not enter.
 `tiny` (its profile: SFT warm start, lr), 32 prompts a step, `--learn-steps` steps, held-out avg@4 on
 64 prompts at the end, for seeds 0, 1, 2, with async_steps 0 and 1 (both with loss.tis_cap 2, so the
 only difference is the asynchrony); the paired difference async - sync per seed, mean and 95% t-interval.
+`--profile testbed`: the calibrated testbed's defaults instead (its steps, 1,024 held-out prompts at
+avg@8, one warm start and one held-out set for every seed and arm), the server serving its base model.
 
     python benchmarks/async_rollout.py --quick     # (b), JSON on stdout
     python benchmarks/async_rollout.py --learning  # (c), JSON on stdout
     python benchmarks/async_rollout.py --partial   # (b) with rollout.partial_rollout off against on (async 1)
+    python benchmarks/async_rollout.py --carry     # (b), Ada-balance streaming with partial rollout, sampler.carry_over off against on
     python benchmarks/async_rollout.py --learning --partial  # (c) with partial rollout off against on
+    python benchmarks/async_rollout.py --learning --partial --carry --profile testbed
+        # (c) on the testbed, three arms at async 1: partial rollout off, on, on with carry-over
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import shutil
 import sys
@@ -44,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from streaming import build_long_model, json_to_stdout
 
 from ada_core import metrics as K
+from ada_core.config.presets import PROFILES, deep_merge
 from ada_core.protocols import Verdict
 from ada_core.sampling.simulate import DifficultyMix
 
@@ -73,7 +80,7 @@ class IdPassRateVerifier:
 
 
 def one_run(name: str, preset: str, k: int, args, model_dir: Path, base_url: str, work: Path,
-            partial: bool = False) -> dict:
+            partial: bool = False, carry: bool = False) -> dict:
     from ada_core.config import build_config
     from ada_core.run.files import read_metrics
     from ada_core.training import run_steps, setup
@@ -86,7 +93,7 @@ def one_run(name: str, preset: str, k: int, args, model_dir: Path, base_url: str
                     "vllm": {"base_url": base_url, "concurrency": args.concurrency}},
     }
     if preset == "ada-balance":
-        overrides["sampler"] = {"schedule": "streaming"}
+        overrides["sampler"] = {"schedule": "streaming", **({"carry_over": True} if carry else {})}
     out = work / name
     state = setup(build_config(preset, "tiny", overrides=overrides), out)
     state.verifier.close()
@@ -110,7 +117,10 @@ def one_run(name: str, preset: str, k: int, args, model_dir: Path, base_url: str
     result["run_idle_fraction"] = (after[0].empty_s - before[0].empty_s) / (after[0].at - before[0].at)
     if partial:
         result.update({key.split("/")[-1]: mean(key) for key in (
-            K.ASYNC_TOKEN_STALENESS_MEAN, K.ASYNC_SPANNING_SAMPLES, K.SYNC_FROZEN_SAMPLES)})
+            K.ASYNC_TOKEN_STALENESS_MEAN, K.ASYNC_SPANNING_SAMPLES, K.SYNC_FROZEN_SAMPLES, K.ASYNC_STALENESS_MAX)})
+    if carry:
+        result.update({key.replace("/", "_"): mean(key) for key in (
+            K.SAMPLER_CARRIED, K.SAMPLER_CARRIED_SAMPLES, K.BUDGET_GENERATED_SAMPLES)})
     shutil.rmtree(out, ignore_errors=True)
     return result
 
@@ -126,20 +136,25 @@ def learning(args) -> dict:
     started = time.perf_counter()
     load_before = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="ada-async-learning-"))
-    # (label, async_steps, partial_rollout) of the two arms; the paired difference is the second minus the first
-    arms = ((("partial_off", 1, False), ("partial_on", 1, True)) if args.partial
-            else (("sync", 0, False), ("async1", 1, False)))
-    finals: dict[str, dict[int, dict]] = {label: {} for label, _, _ in arms}
-    with VLLMServer(resolve_model("tiny"), dtype="float32", log_path=work / "server.log", startup_timeout_s=900) as server:
+    arms = learning_arms(args)
+    finals: dict[str, dict[int, dict]] = {label: {} for label, *_ in arms}
+    profile = args.profile
+    steps = args.learn_steps or (PROFILES[profile]["steps"] if profile == "testbed" else 60)
+    # tiny: the earlier (c), 64 held-out prompts at avg@4; testbed: the profile's own exam (1,024 at avg@8)
+    exam = {} if profile == "testbed" else {"eval_k": 4, "data": {"eval_size": 64}}
+    # testbed: curated once, as a compare does, so every seed and arm trains on the band and sits one exam
+    start = curated_start(profile, work) if profile == "testbed" else (lambda config: config)
+    with VLLMServer(resolve_model(PROFILES[profile]["model"]), dtype="float32", log_path=work / "server.log",
+                    startup_timeout_s=900) as server:
         os.environ[API_KEY_ENV] = server.api_key  # runs attach by base_url; the key goes by the environment
-        for seed in (0, 1, 2):
-            for label, k, partial in arms:
-                config = build_config("ada-balance", "tiny", overrides={
-                    "seed": seed, "steps": args.learn_steps, "prompts_per_step": 32, "eval_every": args.learn_steps,
-                    "eval_k": 4, "checkpoint_every": 0, "ledger": {"enabled": False}, "loss": {"tis_cap": 2.0},
-                    "data": {"eval_size": 64}, "sampler": {"schedule": "streaming"},
+        for seed in args.learn_seeds:
+            for label, k, partial, carry in arms:
+                config = start(build_config("ada-balance", profile, overrides=deep_merge(exam, {
+                    "seed": seed, "steps": steps, "prompts_per_step": 32, "eval_every": steps,
+                    "checkpoint_every": 0, "ledger": {"enabled": False}, "loss": {"tis_cap": 2.0},
+                    "sampler": {"schedule": "streaming", **({"carry_over": True} if carry else {})},
                     "rollout": {"engine": "vllm", "async_steps": k, "partial_rollout": partial,
-                                "vllm": {"base_url": server.base_url}}})
+                                "vllm": {"base_url": server.base_url}}})))
                 out = work / f"{label}-{seed}"
                 t0 = time.perf_counter()
                 state = setup(config, out)
@@ -150,21 +165,66 @@ def learning(args) -> dict:
                 rows = read_metrics(out)
                 last = [r for r in rows if K.EVAL_AVG_AT_K in r][-1]
                 train = [r for r in rows if K.REWARD_MEAN in r]
-                finals[label][seed] = {"avg_at_4": last[K.EVAL_AVG_AT_K], "pass_at_4": last[K.EVAL_PASS_AT_K],
+                finals[label][seed] = {"avg_at_k": last[K.EVAL_AVG_AT_K], "pass_at_k": last[K.EVAL_PASS_AT_K],
                                        "train_reward_last5": float(np.mean([r[K.REWARD_MEAN] for r in train[-5:]])),
                                        "staleness_max": max(r.get(K.ASYNC_STALENESS_MAX, 0.0) for r in train),  # none logged: sync
                                        "wall_s": time.perf_counter() - t0}
+                finals[label][seed]["generated_samples"] = float(sum(r.get(K.BUDGET_GENERATED_SAMPLES, 0.0) for r in train))
                 if partial:
                     finals[label][seed]["token_staleness_mean"] = float(np.mean(
                         [r[K.ASYNC_TOKEN_STALENESS_MEAN] for r in train]))
+                if carry:
+                    finals[label][seed]["carried_mean"] = float(np.mean([r.get(K.SAMPLER_CARRIED, 0.0) for r in train]))
     shutil.rmtree(work, ignore_errors=True)
     paired = {}
-    for key in ("avg_at_4", "pass_at_4", "train_reward_last5"):
-        (first, _, _), (second, _, _) = arms
-        mean, half = mean_ci([finals[second][s][key] - finals[first][s][key] for s in (0, 1, 2)])
-        paired[key] = {f"{second}_minus_{first}_mean": mean, "ci95_half_width": half}
-    return {"runs": finals, "paired": paired, "steps": args.learn_steps, "load_before": load_before,
+    first = arms[0][0]
+    for second, *_ in arms[1:]:  # every arm against the first, paired by seed
+        for key in ("avg_at_k", "pass_at_k", "train_reward_last5"):
+            mean, half = mean_ci([finals[second][s][key] - finals[first][s][key] for s in args.learn_seeds])
+            paired[f"{second}_minus_{first}/{key}"] = {"mean": mean, "ci95_half_width": half}
+    return {"runs": finals, "paired": paired, "profile": profile, "steps": steps, "load_before": load_before,
             "load_after": os.getloadavg(), "wall_s": time.perf_counter() - started}
+
+
+def curated_start(profile: str, work: Path):
+    """The profile's warm start and its curated pool (the band, held-out and validation prompts included), made
+    as the flows' curation makes them (tasks/curation.py, without Prefect); returns what turns a run's config
+    into the one that trains from them (tasks/curation.py's `training_config`: no second SFT)."""
+    from ada_core.config import build_config, validate_config
+    from ada_core.config.schema import SftConfig, data_seed
+    from ada_core.training.start import curate_for_model
+
+    config = build_config("ada-balance", profile)
+    data = config.data
+    changed_sft = {k: v for k, v in config.sft.model_dump().items() if v != type(config.sft)().model_dump()[k]}
+    made = curate_for_model(config.model, config.sft_steps, data.dataset, data.train_size + data.eval_size + data.val_size,
+                            k=data.curation_k, ceiling=data.pass_rate_ceiling, seed=data_seed(config),
+                            max_tokens=config.rollout.max_tokens, temperature=config.rollout.temperature,
+                            positive_threshold=config.sampler.positive_threshold,
+                            micro_batch_size=config.rollout.micro_batch_size, out_dir=work / "curated",
+                            band=data.keep_pass_rate, sft=changed_sft or None)
+    print(json.dumps({"curated": made["kept"], "of": made["pool"], "start_model_sha256": made["model_sha256"]}),
+          file=sys.stderr, flush=True)
+
+    def from_curated(run_config):
+        settings = deep_merge(run_config.model_dump(), {"model": made["model"], "sft_steps": 0,
+                                                        "data": {"dataset": str(work / "curated")}})
+        settings["sft"] = SftConfig().model_dump()
+        return validate_config(settings)
+
+    return from_curated
+
+
+def learning_arms(args) -> list[tuple[str, int, bool, bool]]:
+    """(label, async_steps, partial_rollout, carry_over) of each arm; the first is the reference."""
+    if not (args.partial or args.carry):
+        return [("sync", 0, False, False), ("async1", 1, False, False)]
+    arms = [("partial_off", 1, False, False)]
+    if args.partial:
+        arms.append(("partial_on", 1, True, False))
+    if args.carry:
+        arms.append(("carry_on", 1, True, True))
+    return arms
 
 
 def main() -> None:
@@ -181,10 +241,19 @@ def run() -> dict:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--learning", action="store_true", help="(c): 3 seeds x --learn-steps, async vs sync")
-    parser.add_argument("--learn-steps", type=int, default=60)
+    parser.add_argument("--learn-steps", type=int, default=None, help="(c)'s steps (default: 60 on tiny, the "
+                        "profile's on testbed)")
+    parser.add_argument("--learn-seeds", type=int, nargs="+", default=[0, 1, 2], help="(c)'s seeds")
+    parser.add_argument("--profile", choices=("tiny", "testbed"), default="tiny", help="(c)'s scale profile")
     parser.add_argument("--partial", action="store_true", help="rollout.partial_rollout off against on, both at "
                         "async_steps 1, instead of async_steps 0 against 1")
+    parser.add_argument("--carry", action="store_true", help="(b): Ada-balance streaming with partial rollout, "
+                        "sampler.carry_over off against on; (c): an arm with both")
     args = parser.parse_args()
+    if args.profile != "tiny" and not args.learning:
+        parser.error("--profile applies to --learning; (b) runs the wide-length tiny model")
+    if args.partial and args.carry and not args.learning:
+        parser.error("(b) takes one of --partial and --carry")
     if args.learning:
         if "ADA_HOME" not in os.environ:
             os.environ["ADA_HOME"] = tempfile.mkdtemp(prefix="ada-async-home-")
@@ -216,6 +285,12 @@ def run() -> dict:
         os.sched_setaffinity(0, {trainer_core})
         torch.set_num_threads(1)
         for _ in range(args.repeats):
+            if args.carry:  # carry-over is Ada's streaming sampler's; both arms with partial rollout on
+                for carry in (False, True):
+                    name = f"ada-balance_carry{int(carry)}"
+                    runs.setdefault(name, []).append(one_run(name, "ada-balance", 1, args, model_dir, server.base_url,
+                                                             work, partial=True, carry=carry))
+                continue
             for preset in ("grpo", "ada-balance"):
                 if args.partial:
                     for partial in (False, True):
@@ -230,6 +305,17 @@ def run() -> dict:
     if own_home is not None:
         shutil.rmtree(own_home, ignore_errors=True)
     summary = {}
+    if args.carry:
+        off, on = runs["ada-balance_carry0"], runs["ada-balance_carry1"]
+        mean = lambda rs, key: float(np.mean([r[key] for r in rs]))
+        summary["ada-balance"] = {f"{key}_{arm}": mean(rs, key) for arm, rs in (("off", off), ("on", on)) for key in (
+            "step_s", "generate_s", "wait_s", "update_s", "mean_running_seqs", "run_idle_fraction", "idle_fraction",
+            "generated_tokens", "token_staleness_mean", "staleness_max", "frozen_samples", "spanning_samples")}
+        summary["ada-balance"]["step_ratio_on_off"] = mean(on, "step_s") / mean(off, "step_s")
+        summary["ada-balance"]["per_token_ratio_on_off"] = (
+            (mean(on, "step_s") / mean(on, "generated_tokens")) / (mean(off, "step_s") / mean(off, "generated_tokens")))
+        summary["ada-balance"].update({key: mean(on, key) for key in (
+            "sampler_carried", "sampler_carried_samples", "budget_generated_samples")})
     for preset in ("grpo", "ada-balance") if args.partial else ():
         off, on = runs[f"{preset}_partial0"], runs[f"{preset}_partial1"]
         mean = lambda rs, key: float(np.mean([r[key] for r in rs]))
@@ -239,7 +325,7 @@ def run() -> dict:
         summary[preset]["step_ratio_on_off"] = mean(on, "step_s") / mean(off, "step_s")
         summary[preset].update({key: mean(on, key) for key in ("token_staleness_mean", "spanning_samples",
                                                                 "frozen_samples")})
-    for preset in ("grpo", "ada-balance") if not args.partial else ():
+    for preset in ("grpo", "ada-balance") if not (args.partial or args.carry) else ():
         sync, async1 = runs[f"{preset}_async0"], runs[f"{preset}_async1"]
         step = lambda rs: float(np.mean([r["step_s"] for r in rs]))
         gen = float(np.mean([r["step_s"] - r["update_s"] - r["sync_s"] for r in sync]))

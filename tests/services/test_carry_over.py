@@ -82,6 +82,27 @@ def test_a_staleness_bound_of_async_steps_carries_nothing_and_every_token_is_at_
     assert max(Counter(prompt for _, prompt in drawn).values()) == 1
 
 
+def test_a_staleness_bound_with_drop_trains_no_token_past_it_and_counts_what_it_drops(vllm_server, tmp_path):
+    """rollout.max_staleness 2 with `drop`: a prompt may carry one step; one not done when that step's batch is
+    ready is dropped, its requests cancelled. No trained token is more than 2 updates old, no prompt enters two
+    batches, and each step's budget holds the ledger's samples: what is dropped is never trained."""
+    run_dir = tmp_path / "run"
+    state = setup(_config(vllm_server, tmp_path, steps=6, rollout={"max_staleness": 2, "stale": "drop"}), run_dir)
+    try:
+        run_steps(state)
+    finally:
+        state.close()
+    steps = [r for r in read_metrics(run_dir) if K.TRAIN_LOSS in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]
+    assert all(r[K.ASYNC_TOKEN_STALENESS_MAX] <= 2 for r in steps)
+    rows, drawn = _ledger(run_dir)
+    assert max(Counter(prompt for _, prompt in drawn).values()) == 1
+    per_step = Counter(r["step"] for r in rows for _ in range(r["samples"]))
+    # each step's budget holds the samples its ledger rows trained; a dropped pool's samples are in neither
+    assert {r["step"]: r[K.BUDGET_GENERATED_SAMPLES] for r in steps} == {s: per_step.get(s, 0) for s in range(1, 7)}
+    assert all(r[K.BUDGET_DROPPED_SAMPLES] >= 0 for r in steps)  # how many are dropped is the server's timing
+
+
 class Killed(RuntimeError):
     pass
 
