@@ -117,7 +117,7 @@ def one_run(name: str, preset: str, k: int, args, model_dir: Path, base_url: str
     result["run_idle_fraction"] = (after[0].empty_s - before[0].empty_s) / (after[0].at - before[0].at)
     if partial:
         result.update({key.split("/")[-1]: mean(key) for key in (
-            K.ASYNC_TOKEN_STALENESS_MEAN, K.ASYNC_SPANNING_SAMPLES, K.SYNC_FROZEN_SAMPLES, K.ASYNC_STALENESS_MAX)})
+            K.ASYNC_TOKEN_STALENESS_MEAN, K.ASYNC_SPANNING_SAMPLES, K.SYNC_FROZEN_SAMPLES)})
     if carry:
         result.update({key.replace("/", "_"): mean(key) for key in (
             K.SAMPLER_CARRIED, K.SAMPLER_CARRIED_SAMPLES, K.BUDGET_GENERATED_SAMPLES)})
@@ -188,31 +188,23 @@ def learning(args) -> dict:
 
 def curated_start(profile: str, work: Path):
     """The profile's warm start and its curated pool (the band, held-out and validation prompts included), made
-    as the flows' curation makes them (tasks/curation.py, without Prefect); returns what turns a run's config
-    into the one that trains from them (tasks/curation.py's `training_config`: no second SFT)."""
-    from ada_core.config import build_config, validate_config
-    from ada_core.config.schema import SftConfig, data_seed
+    from the flows' curation inputs (tasks/curation.py) by `curate_for_model` directly, without a Prefect task;
+    returns what turns a run's config into the one that trains from them (`training_config`: no second SFT)."""
+    from ada_core.config import build_config
+    from ada_core.config.schema import data_seed
     from ada_core.training.start import curate_for_model
+    from tasks.curation import curation_inputs, training_config
 
     config = build_config("ada-balance", profile)
-    data = config.data
-    changed_sft = {k: v for k, v in config.sft.model_dump().items() if v != type(config.sft)().model_dump()[k]}
-    made = curate_for_model(config.model, config.sft_steps, data.dataset, data.train_size + data.eval_size + data.val_size,
-                            k=data.curation_k, ceiling=data.pass_rate_ceiling, seed=data_seed(config),
-                            max_tokens=config.rollout.max_tokens, temperature=config.rollout.temperature,
-                            positive_threshold=config.sampler.positive_threshold,
-                            micro_batch_size=config.rollout.micro_batch_size, out_dir=work / "curated",
-                            band=data.keep_pass_rate, sft=changed_sft or None)
+    inputs = curation_inputs(config, data_seed(config))
+    for key in ("home", "dataset_digest"):  # the task's cache key, not curation's
+        inputs.pop(key)
+    inputs["band"] = inputs.pop("keep_pass_rate")
+    made = curate_for_model(**inputs, out_dir=work / "curated")
     print(json.dumps({"curated": made["kept"], "of": made["pool"], "start_model_sha256": made["model_sha256"]}),
           file=sys.stderr, flush=True)
-
-    def from_curated(run_config):
-        settings = deep_merge(run_config.model_dump(), {"model": made["model"], "sft_steps": 0,
-                                                        "data": {"dataset": str(work / "curated")}})
-        settings["sft"] = SftConfig().model_dump()
-        return validate_config(settings)
-
-    return from_curated
+    curated = {**made, "dataset": str(work / "curated")}
+    return lambda run_config: training_config(run_config, curated)
 
 
 def learning_arms(args) -> list[tuple[str, int, bool, bool]]:
@@ -225,6 +217,18 @@ def learning_arms(args) -> list[tuple[str, int, bool, bool]]:
     if args.carry:
         arms.append(("carry_on", 1, True, True))
     return arms
+
+
+def on_off(off: list[dict], on: list[dict], keys: tuple[str, ...], on_only: tuple[str, ...]) -> dict:
+    """Two arms' repeats: each key's mean per arm (`<key>_off`, `<key>_on`), the step-time ratio on / off and the
+    same per generated token, and the keys only the "on" arm logs."""
+    mean = lambda rs, key: float(np.mean([r[key] for r in rs]))
+    out = {f"{key}_{arm}": mean(rs, key) for arm, rs in (("off", off), ("on", on)) for key in keys}
+    out["step_ratio_on_off"] = mean(on, "step_s") / mean(off, "step_s")
+    out["per_token_ratio_on_off"] = ((mean(on, "step_s") / mean(on, "generated_tokens"))
+                                     / (mean(off, "step_s") / mean(off, "generated_tokens")))
+    out.update({key: mean(on, key) for key in on_only})
+    return out
 
 
 def main() -> None:
@@ -306,25 +310,15 @@ def run() -> dict:
         shutil.rmtree(own_home, ignore_errors=True)
     summary = {}
     if args.carry:
-        off, on = runs["ada-balance_carry0"], runs["ada-balance_carry1"]
-        mean = lambda rs, key: float(np.mean([r[key] for r in rs]))
-        summary["ada-balance"] = {f"{key}_{arm}": mean(rs, key) for arm, rs in (("off", off), ("on", on)) for key in (
+        summary["ada-balance"] = on_off(runs["ada-balance_carry0"], runs["ada-balance_carry1"], (
             "step_s", "generate_s", "wait_s", "update_s", "mean_running_seqs", "run_idle_fraction", "idle_fraction",
-            "generated_tokens", "token_staleness_mean", "staleness_max", "frozen_samples", "spanning_samples")}
-        summary["ada-balance"]["step_ratio_on_off"] = mean(on, "step_s") / mean(off, "step_s")
-        summary["ada-balance"]["per_token_ratio_on_off"] = (
-            (mean(on, "step_s") / mean(on, "generated_tokens")) / (mean(off, "step_s") / mean(off, "generated_tokens")))
-        summary["ada-balance"].update({key: mean(on, key) for key in (
-            "sampler_carried", "sampler_carried_samples", "budget_generated_samples")})
+            "generated_tokens", "token_staleness_mean", "staleness_max", "frozen_samples", "spanning_samples"),
+            ("sampler_carried", "sampler_carried_samples", "budget_generated_samples"))
     for preset in ("grpo", "ada-balance") if args.partial else ():
-        off, on = runs[f"{preset}_partial0"], runs[f"{preset}_partial1"]
-        mean = lambda rs, key: float(np.mean([r[key] for r in rs]))
-        summary[preset] = {f"{key}_{arm}": mean(rs, key) for arm, rs in (("off", off), ("on", on)) for key in (
+        summary[preset] = on_off(runs[f"{preset}_partial0"], runs[f"{preset}_partial1"], (
             "step_s", "generate_s", "wait_s", "overlap_s", "mean_running_seqs", "run_idle_fraction",
-            "idle_fraction", "generated_tokens", "reload_s")}
-        summary[preset]["step_ratio_on_off"] = mean(on, "step_s") / mean(off, "step_s")
-        summary[preset].update({key: mean(on, key) for key in ("token_staleness_mean", "spanning_samples",
-                                                                "frozen_samples")})
+            "idle_fraction", "generated_tokens", "reload_s"), ("token_staleness_mean", "spanning_samples",
+                                                               "frozen_samples"))
     for preset in ("grpo", "ada-balance") if not (args.partial or args.carry) else ():
         sync, async1 = runs[f"{preset}_async0"], runs[f"{preset}_async1"]
         step = lambda rs: float(np.mean([r["step_s"] for r in rs]))
