@@ -44,6 +44,14 @@ from ada_core.protocols import StreamOutcome
 STREAM_INTERVAL = 16
 
 
+async def _close_quietly(response: httpx.Response) -> None:
+    """Close a response nobody reads any more (its request was cancelled while it opened)."""
+    try:
+        await response.aclose()
+    except Exception:  # the connection is gone either way; the pool has dropped it
+        pass
+
+
 class _Block:
     """One block of `count` samples: `futures[k]` resolves to sample k's StreamOutcome; `cancel()` aborts.
 
@@ -115,15 +123,19 @@ class VLLMSampleStreamer:
         self._freezing: set[asyncio.Task] = set()
         self._live: dict[asyncio.Task, _Block] = {}
         self._loop = asyncio.new_event_loop()
+        self._opening: set[asyncio.Task] = set()  # requests opening, never cancelled, and closes (`_open`)
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-stream", daemon=True)
         self._thread.start()
 
-        # The request timeout bounds connecting, and each wait for the next chunk; not the wait for a free
-        # connection (pool=None). A block queued behind `concurrency` live streams is not a stalled request:
-        # each of those streams is bounded by its own read timeout, and frees its connection when it ends.
-        # With a pool timeout, a slow (loaded) server made queued blocks fail with PoolTimeout.
-        timeout = httpx.Timeout(request_timeout_s, pool=None)
-
+        # The request timeout bounds connecting, each wait for the next chunk and the wait for a pooled
+        # connection. A block queued behind `concurrency` live streams waits in `_slots` (unbounded, and
+        # cancelled cleanly), never in the pool: httpcore's pool leaks a slot for good when a request is
+        # cancelled while it waits for, or opens, a connection (encode/httpcore#1093), and Ada cancels queued
+        # blocks all the time. A run at async_steps 1 hung at step 89 of 100 that way, every slot leaked. So
+        # a request enters the pool only holding a slot (the pool never makes it wait), and a cancel that
+        # comes while it connects lets it open and then closes it (`_open`).
+        timeout = httpx.Timeout(request_timeout_s)
+        self._slots = asyncio.Semaphore(concurrency)
         def new_client() -> httpx.AsyncClient:
             return httpx.AsyncClient(base_url=self.base_url, timeout=timeout, headers=headers,
                                      limits=httpx.Limits(max_connections=concurrency,
@@ -233,50 +245,85 @@ class VLLMSampleStreamer:
             # common once they fill the step's token budget; and where a load splits a sample is timing's,
             # so seeds would not make a partial run reproducible.
             body["seed"] = seed
-        running = count
         self.meter.add(count)
         try:
-            async with self._client.stream("POST", "/v1/completions", json=body) as response:
-                if response.status_code != 200:
-                    detail = (await response.aread()).decode(errors="replace")[:500]
-                    raise self._error(f"{what}: {self.base_url}/v1/completions answered {response.status_code}: "
-                                      f"{detail}")
-                async for line in response.aiter_lines():
-                    if not line.startswith("data: "):
-                        continue
-                    payload = line[6:]
-                    if payload == "[DONE]":
-                        break
-                    chunk = json.loads(payload)
-                    if "error" in chunk or not chunk.get("choices"):
-                        raise self._error(f"{what}: the server streamed an error: {payload[:500]}")
-                    for choice in chunk["choices"]:
-                        c = int(choice.get("index", 0))
-                        new_ids = choice.get("token_ids") or []
-                        new_lps = (choice.get("logprobs") or {}).get("token_logprobs") or []
-                        if not 0 <= c < count or len(new_ids) != len(new_lps) or any(lp is None for lp in new_lps):
-                            raise self._error(f"{what}: a malformed chunk for completion {c}: {len(new_ids)} token "
-                                              f"ids, {len(new_lps)} log-probs")
-                        k = ks[c]
-                        block.ids[k].extend(int(t) for t in new_ids)
-                        block.logprobs[k].extend(float(lp) for lp in new_lps)
-                        block.text[k].append(choice.get("text") or "")
-                        if self.partial:
-                            block.versions[k].extend([version] * len(new_ids))
-                        block.tokens[k] = len(block.ids[k])
-                        finish = choice.get("finish_reason")
-                        if finish is not None and not block.futures[k].done():
-                            # Handed over now, while its siblings still generate: it is verified meanwhile.
-                            self.meter.add(-1)
-                            running -= 1
-                            self._finish(block, k, finish)
+            async with self._slots:
+                response = await self._open(body)
+                try:
+                    if response.status_code != 200:
+                        detail = (await response.aread()).decode(errors="replace")[:500]
+                        raise self._error(f"{what}: {self.base_url}/v1/completions answered {response.status_code}: "
+                                          f"{detail}")
+                    async for line in response.aiter_lines():
+                        if not line.startswith("data: "):
+                            continue
+                        payload = line[6:]
+                        if payload == "[DONE]":
+                            break
+                        self._take_chunk(block, ks, count, version, what, payload)
+                finally:
+                    await asyncio.shield(response.aclose())  # a second cancel must not stop it half-way
         except httpx.HTTPError as err:
             raise self._error(f"{what}: request to {self.base_url}/v1/completions failed: {err!r}") from err
         finally:
-            self.meter.add(-running)
+            self.meter.add(-sum(not block.futures[k].done() for k in ks))  # `_take_chunk` took the finished ones
         unfinished = [c for c, k in enumerate(ks) if not block.futures[k].done()]
         if unfinished:
             raise self._error(f"{what}: the stream ended without finishing completions {unfinished}")
+
+    async def _open(self, body: dict) -> httpx.Response:
+        """The streaming response to `body`, its headers read. The request runs in a task of its own that is
+        never cancelled: a cancel of the caller while it connects or sends lets it finish opening and then
+        closes the response, so the pool's connection is returned, not orphaned (encode/httpcore#1093)."""
+        client, abandoned = self._client, False
+        opening = asyncio.ensure_future(client.send(client.build_request("POST", "/v1/completions", json=body),
+                                                    stream=True))
+        self._opening.add(opening)
+
+        def settle(task: asyncio.Task) -> None:
+            self._opening.discard(task)
+            if abandoned and not task.cancelled() and task.exception() is None:
+                self._close_later(task.result())
+
+        opening.add_done_callback(settle)
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            abandoned = True  # `settle` closes the response once it opens
+            if opening not in self._opening and not opening.cancelled() and opening.exception() is None:
+                self._close_later(opening.result())  # it opened before the cancel came
+            raise
+
+    def _close_later(self, response: httpx.Response) -> None:
+        task = self._loop.create_task(_close_quietly(response))
+        self._opening.add(task)  # held until it ends (the loop keeps only weak references to tasks)
+        task.add_done_callback(self._opening.discard)
+
+    def _take_chunk(self, block: _Block, ks: list[int], count: int, version: int | None, what: str,
+                    payload: str) -> None:
+        """One streamed chunk into the block's samples; a sample it finishes is handed over at once."""
+        chunk = json.loads(payload)
+        if "error" in chunk or not chunk.get("choices"):
+            raise self._error(f"{what}: the server streamed an error: {payload[:500]}")
+        for choice in chunk["choices"]:
+            c = int(choice.get("index", 0))
+            new_ids = choice.get("token_ids") or []
+            new_lps = (choice.get("logprobs") or {}).get("token_logprobs") or []
+            if not 0 <= c < count or len(new_ids) != len(new_lps) or any(lp is None for lp in new_lps):
+                raise self._error(f"{what}: a malformed chunk for completion {c}: {len(new_ids)} token "
+                                  f"ids, {len(new_lps)} log-probs")
+            k = ks[c]
+            block.ids[k].extend(int(t) for t in new_ids)
+            block.logprobs[k].extend(float(lp) for lp in new_lps)
+            block.text[k].append(choice.get("text") or "")
+            if self.partial:
+                block.versions[k].extend([version] * len(new_ids))
+            block.tokens[k] = len(block.ids[k])
+            finish = choice.get("finish_reason")
+            if finish is not None and not block.futures[k].done():
+                # Handed over now, while its siblings still generate: it is verified meanwhile.
+                self.meter.add(-1)
+                self._finish(block, k, finish)
 
     def _finish(self, block: _Block, k: int, finish: str) -> None:
         block.futures[k].set_result(StreamOutcome(

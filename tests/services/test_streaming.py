@@ -155,3 +155,39 @@ def test_a_global_cap_holds_exactly_under_streaming(stream_engine, prompts):
     assert batch.metrics[K.BUDGET_GENERATED_SAMPLES] == 22
     assert all(len(g.samples) == 4 and g.pool_size >= 4 for g in batch.groups)
     assert sum(g.pool_size for g in batch.groups) <= 22
+
+
+def test_blocks_cancelled_while_they_wait_for_a_connection_leak_no_connection(vllm_server, prompts):
+    """Ada cancels queued blocks all the time. httpcore's pool leaks a slot for good when a request is
+    cancelled while it waits for or opens a connection (encode/httpcore#1093); once every slot had leaked,
+    a run waited forever at step 89. Rounds of churn, more blocks than connections and most cancelled at
+    once or soon after: every block settles, a fresh block is served after each round, and the pool holds
+    no more connections than requests."""
+    from ada_core.engines.vllm_engine import VLLMRolloutEngine
+
+    engine = VLLMRolloutEngine(vllm_server.base_url, concurrency=2, request_timeout_s=60)
+    rng = random.Random(0)
+    sampling = SamplingParams(temperature=1.0, max_tokens=6)
+    try:
+        for round_ in range(25):
+            blocks = [engine.submit(prompts[b % len(prompts)], 1000 * round_ + 10 * b, rng.randint(1, 2), sampling)
+                      for b in range(12)]
+            for block in blocks:
+                if rng.random() < 0.7:
+                    threading.Event().wait(rng.choice([0.0, 0.0, 0.001, 0.005]))
+                    block.cancel()
+            for block in blocks:
+                for future in block.futures:
+                    future.result(timeout=60)  # a sample or an abort, never an error
+            fresh = engine.submit(prompts[0], 999_999, 1, sampling)
+            assert fresh.futures[0].result(timeout=60).sample is not None, f"round {round_}"
+        streamer = engine._streamer
+        for _ in range(600):  # the last requests close their streams (bounded: 60 s)
+            if not streamer._live and not streamer._opening:
+                break
+            threading.Event().wait(0.1)
+        pool = streamer._client._transport._pool
+        # An orphan stays CONNECTING for good: neither idle nor closed, owned by no request.
+        assert all(c.is_idle() or c.is_closed() for c in pool.connections), pool.connections
+    finally:
+        engine.close()
