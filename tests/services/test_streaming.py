@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import threading
+from collections import Counter
 from concurrent.futures import Future
 
 import numpy as np
@@ -16,9 +17,10 @@ import pytest
 
 from ada_core import metrics as K
 from ada_core.config import AdvantageConfig, ConfigError, SamplerConfig, build_config
-from ada_core.protocols import SamplingParams, Verdict
+from ada_core.protocols import SamplingParams, StreamOutcome, Verdict
 from ada_core.records import Prompt
 from ada_core.sampling import make_sampler
+from ada_core.sampling.stream_session import StreamSession
 from ada_core.sampling.streaming import sample_seed, shortest_prefix
 
 CFG = {"name": "ada", "exit_rule": "balance", "n": 4, "M0": 4, "M": 4, "N": 4, "schedule": "streaming", "window": 6}
@@ -157,12 +159,65 @@ def test_a_global_cap_holds_exactly_under_streaming(stream_engine, prompts):
     assert sum(g.pool_size for g in batch.groups) <= 22
 
 
+class WithheldEngine:
+    """A real wrapper that never hands over the samples of the prompts in `withheld`, as a server whose
+    requests for them run long; cancelling such a block resolves its samples as aborted. It counts the
+    samples it was asked for, per prompt."""
+
+    def __init__(self, engine, withheld: set[str]):
+        self.inner, self.concurrency, self.meter = engine, engine.concurrency, engine.meter
+        self.withheld, self.asked, self.held = withheld, Counter(), {p: [] for p in withheld}
+
+    def submit(self, prompt, seed, count, sampling):
+        self.asked[prompt.id] += count
+        block = self.inner.submit(prompt, seed, count, sampling)
+        if prompt.id not in self.withheld:
+            return block
+        outer = [Future() for _ in range(count)]
+        self.held[prompt.id].extend(outer)
+
+        def cancel():
+            block.cancel()
+            for future in outer:
+                if not future.done():
+                    future.set_result(StreamOutcome(None, 0))
+
+        return _Block(outer, cancel)
+
+
+@pytest.mark.slow
+def test_under_stale_drop_a_due_prompt_not_done_is_dropped_and_counted_and_a_later_due_one_carries(stream_engine,
+                                                                                                  prompts):
+    """rollout.stale: drop, one step: of five prompts, the fourth (due this step) and the fifth (due the
+    next) are never done. The batch takes the three done ones; the fourth is dropped, every sample it
+    started counted in budget/dropped_samples (none was scored, so no dropped tokens) and its requests
+    cancelled; the fifth stays open for a later step."""
+    engine = WithheldEngine(stream_engine, {prompts[3].id, prompts[4].id})
+    session = StreamSession(SamplerConfig(**CFG), AdvantageConfig(name="global_mean"), engine)
+    rng = np.random.default_rng(5)
+    try:
+        session.add_prompts(prompts[:4], rng, due=1)
+        session.add_prompts(prompts[4:5], rng, due=2)
+        batch = session.step(ShortIsRight(), SAMPLING, rng, take=3, number=1, stale="drop")
+        assert [pool.prompt.id for pool in batch.pools] == [p.id for p in prompts[:3]]
+        assert [session.prompts[i].id for i in session.open] == [prompts[4].id]
+        m = batch.metrics
+        assert m[K.BUDGET_DROPPED_SAMPLES] == engine.asked[prompts[3].id] > 0 and m[K.BUDGET_DROPPED_TOKENS] == 0
+        assert m[K.SAMPLER_CARRIED] == 1 and m[K.SAMPLER_CARRIED_SAMPLES] == 0
+        assert m[K.BUDGET_GENERATED_SAMPLES] == sum(len(pool.samples) for pool in batch.pools)
+        assert all(f.done() and f.result().sample is None for f in engine.held[prompts[3].id])  # cancelled
+        assert not any(f.done() for f in engine.held[prompts[4].id])  # still running
+    finally:
+        session.close()
+
+
+@pytest.mark.slow
 def test_blocks_cancelled_while_they_wait_for_a_connection_leak_no_connection(vllm_server, prompts):
     """Ada cancels queued blocks all the time. httpcore's pool leaks a slot for good when a request is
     cancelled while it waits for or opens a connection (encode/httpcore#1093); once every slot had leaked,
     a run waited forever at step 89. Rounds of churn, more blocks than connections and most cancelled at
-    once or soon after: every block settles, a fresh block is served after each round, and the pool holds
-    no more connections than requests."""
+    once or soon after: every block settles, a fresh block is served after each round, and at the end the
+    pool holds no orphaned connection."""
     from ada_core.engines.vllm_engine import VLLMRolloutEngine
 
     engine = VLLMRolloutEngine(vllm_server.base_url, concurrency=2, request_timeout_s=60)
