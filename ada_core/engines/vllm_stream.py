@@ -7,6 +7,9 @@ block it went in. Each sample is handed over the moment its own finish chunk arr
 block ends. Cancelling a block cancels its task, which closes the HTTP connection; vLLM's streaming
 response notices the disconnect and aborts the request in the engine, freeing its batch slots and KV
 blocks at the next iteration. Streaming is also what tells us how many tokens an aborted sample cost.
+At most `concurrency` requests are open at once; the others wait in a slot queue of ours, where a cancel
+is clean, and a cancel that finds a request connecting lets it open and closes it (`_open`), because
+httpx's pool loses the connection of a request cancelled there.
 
 Partial rollout (`rollout.partial_rollout`, `freeze` / `thaw` around a weight load): the freeze closes
 every stream in flight (the server aborts those requests) and holds new blocks back; each unfinished
