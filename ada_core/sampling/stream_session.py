@@ -86,6 +86,7 @@ class StreamSession:
         self.verify_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stream-verify")
         self.dropped: tuple[int, int] = (0, 0)  # (samples, tokens) a resume dropped, logged by the next step
         self.drew_ahead = False  # the last step added the next step's prompts
+        self.cohorts = 0  # add_prompts calls so far: a prompt's cohort is the call that added it
         self.failed: BaseException | None = None
         self.closed = False
 
@@ -94,14 +95,14 @@ class StreamSession:
         return {self.prompts[i].id for i in self.open}
 
     # --- the event loop ---------------------------------------------------------------------------
-    def _add(self, prompt: Prompt, seed: int, due: int | None, samples: list[Sample] = ()) -> None:
+    def _add(self, prompt: Prompt, seed: int, due: int | None, samples: list[Sample] = (), cohort: int = 0) -> None:
         threshold = self.cfg.positive_threshold
         self.prompts.append(prompt)
         self.seeds.append(seed)
         self.due.append(due)
         self.pools.append(PromptPool(prompt, list(samples)))
         self.blocks.append({})
-        self.open.append(self.schedule.add_prompt([s.reward > threshold for s in samples]))  # type: ignore[operator]
+        self.open.append(self.schedule.add_prompt([s.reward > threshold for s in samples], cohort))  # type: ignore[operator]
 
     def _launch(self, params: SamplingParams) -> None:
         for i, j0, count in self.schedule.starts():
@@ -190,8 +191,9 @@ class StreamSession:
         if self.open_ids & {p.id for p in prompts}:  # the sampler replaces them; a bug if one gets here
             raise RuntimeError(f"prompts {sorted(self.open_ids & {p.id for p in prompts})[:5]} are still open")
         step_seed = int(rng.integers(0, 2**31 - 1))  # one draw, as a `rounds` engine call takes
+        self.cohorts += 1  # carried prompts, of earlier calls, start their samples before these
         for p in prompts:
-            self._add(p, step_seed, due)
+            self._add(p, step_seed, due, cohort=self.cohorts)
 
     def step(self, verifier: Verifier, sampling: SamplingParams, rng: np.random.Generator, take: int | None,
              draw_ahead: Callable[[], None] | None = None, number: int = 0, stale: str = "wait") -> RolloutBatch:
@@ -314,14 +316,16 @@ class StreamSession:
         tokens = sum(s.num_tokens for (i, _), s in self.waiting.items() if i in open_set)
         tokens += sum(s.num_tokens for i, _, s in self.backlog if i in open_set)
         return {"open": batch_to_dict(RolloutBatch([], {}, open_pools)), "seeds": [self.seeds[i] for i in self.open],
-                "due": [self.due[i] for i in self.open],
+                "due": [self.due[i] for i in self.open], "cohorts": [self.schedule.cohort[i] for i in self.open],
                 "drew_ahead": self.drew_ahead, "dropped": [self.dropped[0] + in_flight, self.dropped[1] + tokens]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """A resumed run's open prompts, before its first step: each samples on from its committed pool."""
         batch = batch_from_dict(state["open"])
-        for pool, seed, due in zip(batch.pools, state["seeds"], state["due"]):
-            self._add(pool.prompt, int(seed), due, pool.samples)
+        cohorts = state.get("cohorts", [0] * len(batch.pools))  # a checkpoint of 2026-12-04 or older has none
+        for pool, seed, due, cohort in zip(batch.pools, state["seeds"], state["due"], cohorts):
+            self._add(pool.prompt, int(seed), due, pool.samples, cohort=int(cohort))
+        self.cohorts = max(cohorts, default=0)
         self.dropped = (int(state["dropped"][0]), int(state["dropped"][1]))
         self.drew_ahead = bool(state["drew_ahead"])
 

@@ -82,13 +82,18 @@ class StreamSchedule:
         self.in_flight = 0  # started and not finished: what the server holds
         self.live = 0  # started and not aborted: what counts against the cap
         self.aborted = 0
-        self._heap = [(0, i) for i in range(num_prompts)]  # prompts that may start more, lowest index first
+        self.cohort = [0] * num_prompts  # carry-over: the step a prompt joined in (0 for one step's prompts)
+        # Prompts that may start more: older cohorts first (a carried prompt is never starved by the next
+        # step's), then the lowest next sample index (breadth-first, as rounds), then prompt order.
+        self._heap = [(0, 0, i) for i in range(num_prompts)]
         self._queued = set(range(num_prompts))
 
-    def add_prompt(self, committed: Sequence[bool] = ()) -> int:
+    def add_prompt(self, committed: Sequence[bool] = (), cohort: int = 0) -> int:
         """A prompt joins the schedule (carry-over: a later step's prompts, or a resumed run's carried ones
-        with the samples already `committed` to their pools, their positives given). Returns its index."""
+        with the samples already `committed` to their pools, their positives given). `cohort`: the step it
+        joined in; an older cohort's samples start first. Returns its index."""
         i = len(self.next_j)
+        self.cohort.append(cohort)
         size, pos = len(committed), sum(committed)
         self.next_j.append(size)
         self.committed.append(size)
@@ -124,11 +129,12 @@ class StreamSchedule:
 
     def _requeue(self, i: int) -> None:
         if i not in self._queued and self._may_start(i):
-            heapq.heappush(self._heap, (self.next_j[i], i))
+            heapq.heappush(self._heap, (self.cohort[i], self.next_j[i], i))
             self._queued.add(i)
 
     def starts(self) -> list[tuple[int, int, int]]:
-        """Blocks (prompt index, first sample index, count) to start now; lower sample indices first.
+        """Blocks (prompt index, first sample index, count) to start now: older cohorts first, then lower
+        sample indices.
 
         A prompt is topped up to its window in one block, and only once a quarter of its window is
         free (or it has nothing outstanding): one request per sample would cost the server a request
@@ -136,7 +142,7 @@ class StreamSchedule:
         """
         out = []
         while self._heap and self.in_flight < self.capacity and (self.cap is None or self.live < self.cap):
-            _, i = heapq.heappop(self._heap)
+            *_, i = heapq.heappop(self._heap)
             self._queued.discard(i)
             if not self._may_start(i):
                 continue
@@ -144,7 +150,7 @@ class StreamSchedule:
             want = min(self.window - len(self.running[i]), self.max_per_prompt - j)
             room = self.capacity - self.in_flight
             if room < min(self.min_block, want):  # wait for a block's worth of server slots
-                heapq.heappush(self._heap, (j, i))
+                heapq.heappush(self._heap, (self.cohort[i], j, i))
                 self._queued.add(i)
                 break
             count = min(want, room, self.cap - self.live if self.cap is not None else want)

@@ -65,3 +65,21 @@ def test_a_server_with_fewer_slots_than_a_block_still_fills_every_pool():
         schedule = StreamSchedule(len(rates), cfg, window=cfg.window, capacity=capacity)
         assert _drive(schedule, rewards, random.Random(capacity), cfg.positive_threshold) == expected
         assert schedule.idle()
+
+
+def test_a_carried_prompt_starts_its_samples_before_a_later_steps_prompts():
+    """Carry-over: prompts of a later step join with sample index 0 while a carried one needs samples far
+    down its sequence. Lowest index first would give every slot to the newcomers, step after step, and leave
+    the carried pool (and the versions of its committed samples) to age; an older cohort starts first, and
+    within a cohort the lowest index still does."""
+    cfg = SamplerConfig(**CFG)
+    schedule = StreamSchedule(0, cfg, window=cfg.window, capacity=cfg.window + 2)
+    old = schedule.add_prompt([True, True, True], cohort=1)  # carried: 3 committed, one kind only
+    new = [schedule.add_prompt(cohort=2) for _ in range(3)]
+    # its whole window, though its next index is 3; the newcomers get the 2 slots it leaves
+    assert schedule.starts() == [(old, 3, cfg.window), (new[0], 0, 2)]
+    same = StreamSchedule(0, cfg, window=cfg.window, capacity=cfg.window)
+    first = same.add_prompt([True, True, True], cohort=1)
+    second = same.add_prompt(cohort=1)
+    assert same.starts()[0][0] == second  # one cohort: the lowest next index first, as before
+    assert first != second
