@@ -48,7 +48,7 @@ STREAM_INTERVAL = 16
 
 
 async def _close_quietly(response: httpx.Response) -> None:
-    """Close a response nobody reads any more (its request was cancelled while it opened)."""
+    """Close a response; an error in closing it means its connection is gone, which the pool has seen."""
     try:
         await response.aclose()
     except Exception:  # the connection is gone either way; the pool has dropped it
@@ -250,22 +250,21 @@ class VLLMSampleStreamer:
             body["seed"] = seed
         self.meter.add(count)
         try:
-            async with self._slots:
-                response = await self._open(body)
-                try:
-                    if response.status_code != 200:
-                        detail = (await response.aread()).decode(errors="replace")[:500]
-                        raise self._error(f"{what}: {self.base_url}/v1/completions answered {response.status_code}: "
-                                          f"{detail}")
-                    async for line in response.aiter_lines():
-                        if not line.startswith("data: "):
-                            continue
-                        payload = line[6:]
-                        if payload == "[DONE]":
-                            break
-                        self._take_chunk(block, ks, count, version, what, payload)
-                finally:
-                    await asyncio.shield(response.aclose())  # a second cancel must not stop it half-way
+            response = await self._open(body)  # it holds one of the `concurrency` slots until `_close` ends
+            try:
+                if response.status_code != 200:
+                    detail = (await response.aread()).decode(errors="replace")[:500]
+                    raise self._error(f"{what}: {self.base_url}/v1/completions answered {response.status_code}: "
+                                      f"{detail}")
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    payload = line[6:]
+                    if payload == "[DONE]":
+                        break
+                    self._take_chunk(block, ks, count, version, what, payload)
+            finally:
+                await asyncio.shield(self._close_later(response))  # a second cancel must not stop it half-way
         except httpx.HTTPError as err:
             raise self._error(f"{what}: request to {self.base_url}/v1/completions failed: {err!r}") from err
         finally:
@@ -275,32 +274,53 @@ class VLLMSampleStreamer:
             raise self._error(f"{what}: the stream ended without finishing completions {unfinished}")
 
     async def _open(self, body: dict) -> httpx.Response:
-        """The streaming response to `body`, its headers read. The request runs in a task of its own that is
-        never cancelled: a cancel of the caller while it connects or sends lets it finish opening and then
-        closes the response, so the pool's connection is returned, not orphaned (encode/httpcore#1093)."""
+        """The streaming response to `body`, its headers read, holding one of the `concurrency` slots (waited
+        for here, where a cancel is clean), which `_close_later` gives back. The request runs in a task of its
+        own that is never cancelled: a cancel of the caller while it connects or sends lets it finish opening
+        and then closes it, so the pool's connection is returned, not orphaned (encode/httpcore#1093), and
+        the slot is given back only then, so the pool never holds more than `concurrency` connections."""
+        await self._slots.acquire()
         client, abandoned = self._client, False
         opening = asyncio.ensure_future(client.send(client.build_request("POST", "/v1/completions", json=body),
                                                     stream=True))
         self._opening.add(opening)
 
-        def settle(task: asyncio.Task) -> None:
-            self._opening.discard(task)
-            if abandoned and not task.cancelled() and task.exception() is None:
+        def settle(task: asyncio.Task) -> None:  # its caller is gone: close what it opened, free the slot
+            if task.cancelled() or task.exception() is not None:
+                self._slots.release()
+            else:
                 self._close_later(task.result())
 
-        opening.add_done_callback(settle)
+        def opened(task: asyncio.Task) -> None:
+            self._opening.discard(task)
+            if abandoned:
+                settle(task)
+
+        opening.add_done_callback(opened)
         try:
             return await asyncio.shield(opening)
         except asyncio.CancelledError:
-            abandoned = True  # `settle` closes the response once it opens
-            if opening not in self._opening and not opening.cancelled() and opening.exception() is None:
-                self._close_later(opening.result())  # it opened before the cancel came
+            abandoned = True  # `opened` settles it once it ends, unless it has already run
+            if opening not in self._opening:
+                settle(opening)
+            raise
+        except BaseException:  # it failed to open: the slot is free again
+            self._slots.release()
             raise
 
-    def _close_later(self, response: httpx.Response) -> None:
-        task = self._loop.create_task(_close_quietly(response))
+    def _close_later(self, response: httpx.Response) -> asyncio.Task:
+        """Close `response` in a task of its own (a cancel cannot stop it half-way), then free its slot."""
+
+        async def close() -> None:
+            try:
+                await _close_quietly(response)
+            finally:
+                self._slots.release()
+
+        task = self._loop.create_task(close())
         self._opening.add(task)  # held until it ends (the loop keeps only weak references to tasks)
         task.add_done_callback(self._opening.discard)
+        return task
 
     def _take_chunk(self, block: _Block, ks: list[int], count: int, version: int | None, what: str,
                     payload: str) -> None:

@@ -244,5 +244,6 @@ def test_blocks_cancelled_while_they_wait_for_a_connection_leak_no_connection(vl
         pool = streamer._client._transport._pool
         # An orphan stays CONNECTING for good: neither idle nor closed, owned by no request.
         assert all(c.is_idle() or c.is_closed() for c in pool.connections), pool.connections
+        assert streamer._slots._value == 2 and len(pool.connections) <= 2  # every slot given back
     finally:
         engine.close()
