@@ -15,6 +15,7 @@ import torch
 from ada_core import metrics as K
 from ada_core.config import build_config
 from ada_core.engines.vllm_engine import VLLMRolloutEngine
+from ada_core.engines.vllm_stream import STREAM_INTERVAL
 from ada_core.models import load_policy
 from ada_core.protocols import SamplingParams
 from ada_core.records import Prompt
@@ -64,11 +65,15 @@ def test_a_sample_in_flight_at_a_weight_load_spans_two_versions_each_with_its_ow
                           prompt_ids=tokenizer.encode(f"<bos>{i}+{i}=", add_special_tokens=False)) for i in range(32)]
         max_tokens = 64 - max(len(p.prompt_ids) for p in prompts)
         sampling = SamplingParams(temperature=TEMPERATURE, max_tokens=max_tokens)
+        staged = engine.stage_weights(model_b, version=2)  # written first: the load follows the wait at once
         blocks = [engine.submit(p, 1000 * i, 8, sampling) for i, p in enumerate(prompts)]
         deadline = time.monotonic() + 60
-        while not any(0 < t < max_tokens for b in blocks for t in b.tokens) and time.monotonic() < deadline:
+        # A sample with its first chunk only (STREAM_INTERVAL tokens at most) has dozens of tokens still to go
+        # when the freeze comes; one further on could finish first (a loaded machine once wrote the weights
+        # meanwhile, and no sample spanned the load).
+        while not any(0 < t <= STREAM_INTERVAL for b in blocks for t in b.tokens) and time.monotonic() < deadline:
             time.sleep(0.001)
-        load = engine.sync_weights(model_b, version=2)
+        load = engine.load_staged(staged)
         outcomes = [f.result(timeout=120) for b in blocks for f in b.futures]
         assert load[K.SYNC_FROZEN_SAMPLES] >= 1 and engine.server_weight_version() == "2"
     finally:
@@ -105,11 +110,12 @@ def test_many_loads_with_samples_in_flight_leave_the_connection_pool_usable(vllm
         sampling = SamplingParams(temperature=TEMPERATURE, max_tokens=64 - len(prompt.prompt_ids))
         frozen = 0
         for version in range(2, 14):
+            staged = engine.stage_weights(model_a, version=version)  # written first: the load follows the wait
             blocks = [engine.submit(prompt, 100 * version + i, 2, sampling) for i in range(8)]
             deadline = time.monotonic() + 60
             while not any(t > 0 for b in blocks for t in b.tokens) and time.monotonic() < deadline:
                 time.sleep(0.001)
-            frozen += engine.sync_weights(model_a, version=version)[K.SYNC_FROZEN_SAMPLES]
+            frozen += engine.load_staged(staged)[K.SYNC_FROZEN_SAMPLES]
             outcomes = [f.result(timeout=120) for b in blocks for f in b.futures]
             assert all(o.sample is not None and set(o.sample.token_versions) <= {version - 1, version} for o in outcomes)
         assert frozen >= 12
