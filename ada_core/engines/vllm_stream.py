@@ -47,14 +47,6 @@ from ada_core.protocols import StreamOutcome
 STREAM_INTERVAL = 16
 
 
-async def _close_quietly(response: httpx.Response) -> None:
-    """Close a response; an error in closing it means its connection is gone, which the pool has seen."""
-    try:
-        await response.aclose()
-    except Exception:  # the connection is gone either way; the pool has dropped it
-        pass
-
-
 class _Block:
     """One block of `count` samples: `futures[k]` resolves to sample k's StreamOutcome; `cancel()` aborts.
 
@@ -126,17 +118,13 @@ class VLLMSampleStreamer:
         self._freezing: set[asyncio.Task] = set()
         self._live: dict[asyncio.Task, _Block] = {}
         self._loop = asyncio.new_event_loop()
-        self._opening: set[asyncio.Task] = set()  # requests opening, never cancelled, and closes (`_open`)
+        self._detached: set[asyncio.Task] = set()  # opening requests and closes no cancel may stop (`_open`)
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-stream", daemon=True)
         self._thread.start()
 
         # The request timeout bounds connecting, each wait for the next chunk and the wait for a pooled
-        # connection. A block queued behind `concurrency` live streams waits in `_slots` (unbounded, and
-        # cancelled cleanly), never in the pool: httpcore's pool leaks a slot for good when a request is
-        # cancelled while it waits for, or opens, a connection (encode/httpcore#1093), and Ada cancels queued
-        # blocks all the time. A run at async_steps 1 hung at step 89 of 100 that way, every slot leaked. So
-        # a request enters the pool only holding a slot (the pool never makes it wait), and a cancel that
-        # comes while it connects lets it open and then closes it (`_open`).
+        # connection; a block queued behind `concurrency` live streams waits in `_slots`, never in the pool
+        # (`_open` says why: with the pool's wait unbounded, a run at async_steps 1 once hung at step 89).
         timeout = httpx.Timeout(request_timeout_s)
         self._slots = asyncio.Semaphore(concurrency)
         def new_client() -> httpx.AsyncClient:
@@ -250,7 +238,7 @@ class VLLMSampleStreamer:
             body["seed"] = seed
         self.meter.add(count)
         try:
-            response = await self._open(body)  # it holds one of the `concurrency` slots until `_close` ends
+            response = await self._open(body)  # it holds one of the `concurrency` slots until it is closed
             try:
                 if response.status_code != 200:
                     detail = (await response.aread()).decode(errors="replace")[:500]
@@ -277,13 +265,14 @@ class VLLMSampleStreamer:
         """The streaming response to `body`, its headers read, holding one of the `concurrency` slots (waited
         for here, where a cancel is clean), which `_close_later` gives back. The request runs in a task of its
         own that is never cancelled: a cancel of the caller while it connects or sends lets it finish opening
-        and then closes it, so the pool's connection is returned, not orphaned (encode/httpcore#1093), and
-        the slot is given back only then, so the pool never holds more than `concurrency` connections."""
+        and then closes it, so the pool's connection is returned, not orphaned (encode/httpcore#1093: a request
+        cancelled while it waits for or opens a connection leaks it for good, and Ada cancels queued blocks
+        all the time), and the slot is given back only then, so the pool never makes a request wait."""
         await self._slots.acquire()
         client, abandoned = self._client, False
         opening = asyncio.ensure_future(client.send(client.build_request("POST", "/v1/completions", json=body),
                                                     stream=True))
-        self._opening.add(opening)
+        self._detached.add(opening)
 
         def settle(task: asyncio.Task) -> None:  # its caller is gone: close what it opened, free the slot
             if task.cancelled() or task.exception() is not None:
@@ -292,7 +281,7 @@ class VLLMSampleStreamer:
                 self._close_later(task.result())
 
         def opened(task: asyncio.Task) -> None:
-            self._opening.discard(task)
+            self._detached.discard(task)
             if abandoned:
                 settle(task)
 
@@ -301,7 +290,7 @@ class VLLMSampleStreamer:
             return await asyncio.shield(opening)
         except asyncio.CancelledError:
             abandoned = True  # `opened` settles it once it ends, unless it has already run
-            if opening not in self._opening:
+            if opening not in self._detached:
                 settle(opening)
             raise
         except BaseException:  # it failed to open: the slot is free again
@@ -313,13 +302,15 @@ class VLLMSampleStreamer:
 
         async def close() -> None:
             try:
-                await _close_quietly(response)
+                await response.aclose()
+            except Exception:  # its connection is gone either way, and the pool has dropped it
+                pass
             finally:
                 self._slots.release()
 
         task = self._loop.create_task(close())
-        self._opening.add(task)  # held until it ends (the loop keeps only weak references to tasks)
-        task.add_done_callback(self._opening.discard)
+        self._detached.add(task)  # held until it ends (the loop keeps only weak references to tasks)
+        task.add_done_callback(self._detached.discard)
         return task
 
     def _take_chunk(self, block: _Block, ks: list[int], count: int, version: int | None, what: str,

@@ -95,7 +95,7 @@ class StreamSession:
         return {self.prompts[i].id for i in self.open}
 
     # --- the event loop ---------------------------------------------------------------------------
-    def _add(self, prompt: Prompt, seed: int, due: int | None, samples: list[Sample] = (), cohort: int = 0) -> None:
+    def _add(self, prompt: Prompt, seed: int, due: int | None, samples: list[Sample] = (), *, cohort: int) -> None:
         threshold = self.cfg.positive_threshold
         self.prompts.append(prompt)
         self.seeds.append(seed)

@@ -238,7 +238,7 @@ def test_blocks_cancelled_while_they_wait_for_a_connection_leak_no_connection(vl
             assert fresh.futures[0].result(timeout=60).sample is not None, f"round {round_}"
         streamer = engine._streamer
         for _ in range(600):  # the last requests close their streams (bounded: 60 s)
-            if not streamer._live and not streamer._opening:
+            if not streamer._live and not streamer._detached:
                 break
             threading.Event().wait(0.1)
         pool = streamer._client._transport._pool
