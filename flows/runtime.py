@@ -106,14 +106,74 @@ def prepare_local_prefect(timeout_s: float = 900) -> None:
         marker.touch()
 
 
+# Starts of the temporary server before one that serves this process is given up.
+SERVER_ATTEMPTS = 5
+
+
+def start_local_server() -> str | None:
+    """Start this process's temporary Prefect server, and make sure the server that answers is its own.
+
+    Prefect picks the server's port at random in 8000-8999, checks that it is free, then starts uvicorn,
+    which binds it seconds later (it imports Prefect's server first). A server of another process can
+    take the port in between: ours then fails to bind and exits, while the health check that Prefect
+    waits on is answered by the other one, and this process's flow runs talk to a server that is not
+    its own until that server stops ("Connection refused" in the middle of a run: one of four flows
+    started together in CI). So once Prefect says the server is up, the port must be listened on by
+    the server process it started; otherwise that server is stopped and another start picks another
+    port. Returns the API's URL, or None where no temporary server would start (PREFECT_API_URL names
+    one, or ephemeral mode is off).
+    """
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import get_current_settings
+
+    settings = get_current_settings()
+    if settings.api.url or not settings.server.ephemeral.enabled:
+        return None
+    bound_s = settings.server.ephemeral.startup_timeout_seconds
+    for _ in range(SERVER_ATTEMPTS):
+        server = SubprocessASGIServer()  # Prefect's own instance: its flow runs find this one started
+        server.start()
+        if _listens_on_its_port(server, bound_s):
+            return server.api_url
+        logging.getLogger(__name__).warning(
+            "Prefect's temporary server on port %d was another process's (it took the port first); "
+            "starting one on another port", server.port)
+        server.stop()  # forgets the instance: the next start picks a new port
+    raise RuntimeError(f"no temporary Prefect server of this process's own started in {SERVER_ATTEMPTS} tries: "
+                       "other servers took each port it chose")
+
+
+def _listens_on_its_port(server, bound_s: float) -> bool:
+    """Whether `server`'s process listens on `server.port`: waits while it is alive and not yet listening
+    (it may still be importing while another process answers on the port), at most `bound_s`."""
+    import psutil
+
+    deadline = time.monotonic() + bound_s
+    while True:
+        process = server.server_process
+        if process is None or process.poll() is not None:
+            return False
+        try:
+            listening = psutil.Process(process.pid).net_connections(kind="tcp")
+        except psutil.NoSuchProcess:
+            return False
+        if any(c.status == psutil.CONN_LISTEN and c.laddr.port == server.port for c in listening):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+
+
 def flow(**options: Any):
     """`prefect.flow` for the platform's flows: called at the top level with no Prefect server named,
-    a flow first migrates the temporary server's database (`prepare_local_prefect`)."""
+    a flow first migrates the temporary server's database (`prepare_local_prefect`), then starts the
+    server and checks that it is its own (`start_local_server`)."""
     from prefect import Flow
 
     class LocalFirstFlow(Flow):
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
             prepare_local_prefect()
+            start_local_server()
             return super().__call__(*args, **kwargs)
 
     def decorate(fn):

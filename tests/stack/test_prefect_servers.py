@@ -127,6 +127,62 @@ def test_flows_start_at_once_on_a_fresh_home_with_telemetry_off(tmp_path, tiny_m
     _check_finished(home, [_flow_process(TRAIN_FLOW, home, tiny_model) for _ in range(4)], flows=4)
 
 
+# Prefect checks that the port it chose is free, then starts uvicorn, which binds it seconds later. Here
+# another server binds it right after the check (`find_available_port`'s first answer), as a flow process
+# started at the same moment can: it answers the health check, and our uvicorn finds the port taken.
+PORT_TAKEN = """
+import json, threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from prefect.server.api.server import SubprocessASGIServer
+import flows.runtime
+
+seen = []
+class Other(BaseHTTPRequestHandler):  # another process's server: healthy, and no Prefect API
+    def do_GET(self):
+        seen.append(self.command + " " + self.path)
+        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers(); self.wfile.write(b"{}")
+    do_POST = do_PATCH = do_GET
+    def log_message(self, *args):
+        pass
+
+choose = SubprocessASGIServer.find_available_port
+def chosen_then_taken(self):
+    port = choose(self)
+    SubprocessASGIServer.find_available_port = choose  # the next start chooses as Prefect does
+    other = ThreadingHTTPServer(("127.0.0.1", port), Other)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    return port
+SubprocessASGIServer.find_available_port = chosen_then_taken
+
+@flows.runtime.flow(name="port-taken")
+def hello():
+    from prefect.runtime import flow_run
+    return flow_run.id
+
+run_id = hello()
+print("result", json.dumps({"run": str(run_id), "other": seen}), flush=True)
+"""
+
+
+def test_a_flow_whose_servers_port_another_server_took_runs_on_a_server_of_its_own(tmp_path):
+    """Another server takes the port between Prefect's check and our server's bind, and answers the
+    health check: the flow still runs on this process's own server (another port), and the other server
+    saw nothing but health checks."""
+    import json
+
+    home = tmp_path / "home"
+    home.mkdir()
+    proc = _flow_process(PORT_TAKEN, home, tiny_model=None)
+    out = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 0, out[-3000:]
+    result = json.loads(next(line for line in out.splitlines() if line.startswith("result "))[len("result "):])
+    assert result["other"] and set(result["other"]) == {"GET /api/health"}, result
+    assert "was another process's" in out
+    with sqlite3.connect(home / "prefect" / "prefect.db") as db:
+        assert db.execute("select count(*) from flow_run where id = ? and state_type = 'COMPLETED'",
+                          (result["run"],)).fetchone() == (1,)
+
+
 @pytest.mark.load  # about 5 minutes: `make test-load`, not `make test`
 def test_flows_start_on_ten_fresh_homes_in_a_row(tmp_path, tiny_model):
     """Ten `train` flows one after another, each a new process on a new ADA_HOME: each is the temporary
