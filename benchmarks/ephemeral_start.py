@@ -12,6 +12,11 @@ No PREFECT_API_URL, so each process starts Prefect's temporary server on its PRE
 `--startup-timeout S` sets PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS for the children, to
 compare with Prefect's own default (20) rather than the flows' (see flows/__init__.py).
 `--trivial` runs a one-line flow instead of `train`: the same server start without the model.
+`--ports P` narrows the children's port choice to P ports from `--port-base` (8000; Prefect picks among
+8000-8999), so that servers started together collide as they do by chance (a port a recent run used is
+in TIME_WAIT for a minute, and Prefect's check refuses it: give each run its own base); each child then says whether the server
+Prefect started for it was still its own at the end (`own_server`: "exited" means its flow ran on
+another process's server, which took the port first).
 """
 
 from __future__ import annotations
@@ -37,6 +42,15 @@ result = train(TrainParams(preset="grpo", steps=1, prompts_per_step=2, curate=Fa
                            overrides={"sft_steps": 0, "eval_every": 0, "checkpoint_every": 0, "data.train_size": 8,
                                       "data.eval_size": 2}))
 print("finished", result["run_id"])
+"""
+PORTS = """
+from prefect.server.api.server import SubprocessASGIServer
+SubprocessASGIServer._port_range = range({base}, {base} + {ports})
+"""
+OWN_SERVER = """
+from prefect.server.api.server import SubprocessASGIServer
+_own = SubprocessASGIServer().server_process
+print("own server", "alive" if _own is not None and _own.poll() is None else "exited")
 """
 TRIVIAL = """
 import flows
@@ -78,8 +92,9 @@ def outcome(proc: subprocess.Popen, started: float) -> dict:
     text = Path(proc.log_path).read_text()  # type: ignore[attr-defined]
     failure = next((line for line in text.splitlines() if "Timed out while attempting" in line
                     or line.startswith(("RuntimeError", "Traceback"))), "")
+    own = next((line.split()[-1] for line in text.splitlines() if line.startswith("own server ")), None)
     return {"ok": proc.returncode == 0 and "finished" in text, "seconds": round(time.perf_counter() - started, 1),
-            "locked_lines": text.count("database is locked"), "failure": failure[:200]}
+            "locked_lines": text.count("database is locked"), "own_server": own, "failure": failure[:200]}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -88,11 +103,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--at-once", type=int, default=4)
     parser.add_argument("--startup-timeout", type=int, default=None)
     parser.add_argument("--trivial", action="store_true")
+    parser.add_argument("--ports", type=int, default=None)
+    parser.add_argument("--port-base", type=int, default=8000)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    code = TRIVIAL if args.trivial else TRAIN
+    code = (PORTS.format(base=args.port_base, ports=args.ports) if args.ports else "") + (TRIVIAL if args.trivial else TRAIN) + OWN_SERVER
     root = Path(tempfile.mkdtemp(prefix="ada-start-"))
     result: dict = {"flow": "trivial" if args.trivial else "train", "startup_timeout": args.startup_timeout,
+                    "ports": args.ports, "port_base": args.port_base,
                     "in_a_row": [], "at_once": []}
     for i in range(args.in_a_row):
         home = root / f"row-{i}"
@@ -108,7 +126,9 @@ def main(argv: list[str] | None = None) -> None:
     for key in ("in_a_row", "at_once"):
         runs = result[key]
         if runs:
-            print(f"{key}: {sum(r['ok'] for r in runs)}/{len(runs)} finished; seconds {[r['seconds'] for r in runs]}")
+            print(f"{key}: {sum(r['ok'] for r in runs)}/{len(runs)} finished, "
+                  f"{sum(r['own_server'] == 'alive' for r in runs)} on their own server; "
+                  f"seconds {[r['seconds'] for r in runs]}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
 
