@@ -14,9 +14,9 @@ compare with Prefect's own default (20) rather than the flows' (see flows/__init
 `--trivial` runs a one-line flow instead of `train`: the same server start without the model.
 `--ports P` narrows the children's port choice to P ports from `--port-base` (8000; Prefect picks among
 8000-8999), so that servers started together collide as they do by chance (a port a recent run used is
-in TIME_WAIT for a minute, and Prefect's check refuses it: give each run its own base); each child then says whether the server
-Prefect started for it was still its own at the end (`own_server`: "exited" means its flow ran on
-another process's server, which took the port first).
+in TIME_WAIT for a minute, and Prefect's check refuses it: give each run its own base). Each child then
+says whether the server Prefect started for it was still its own at the end (`own_server`: "exited"
+means its flow ran on another process's server, which took the port first).
 """
 
 from __future__ import annotations
@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port-base", type=int, default=8000)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    code = (PORTS.format(base=args.port_base, ports=args.ports) if args.ports else "") + (TRIVIAL if args.trivial else TRAIN) + OWN_SERVER
+    narrowed = PORTS.format(base=args.port_base, ports=args.ports) if args.ports else ""
+    code = narrowed + (TRIVIAL if args.trivial else TRAIN) + OWN_SERVER
     root = Path(tempfile.mkdtemp(prefix="ada-start-"))
     result: dict = {"flow": "trivial" if args.trivial else "train", "startup_timeout": args.startup_timeout,
                     "ports": args.ports, "port_base": args.port_base,

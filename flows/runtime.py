@@ -53,13 +53,20 @@ def quiet_task_run_logs() -> None:
 # ---------------------------------------------------------------------------------------------
 # Prefect's temporary server: its database migrated once, before any server starts
 
-def local_prefect_database() -> Path | None:
-    """The SQLite file a temporary Prefect server of this process would use; None when none would start
-    (PREFECT_API_URL names a server, ephemeral mode is off, or the database is not SQLite)."""
+def _temporary_server_settings():
+    """Prefect's settings where a flow of this process would start a temporary server; None where none
+    would (PREFECT_API_URL names a server, or ephemeral mode is off)."""
     from prefect.settings import get_current_settings
 
     settings = get_current_settings()
-    if settings.api.url or not settings.server.ephemeral.enabled:
+    return None if settings.api.url or not settings.server.ephemeral.enabled else settings
+
+
+def local_prefect_database() -> Path | None:
+    """The SQLite file a temporary Prefect server of this process would use; None when none would start
+    (see `_temporary_server_settings`) or the database is not SQLite."""
+    settings = _temporary_server_settings()
+    if settings is None:
         return None
     url = str(settings.server.database.connection_url.get_secret_value()
               if hasattr(settings.server.database.connection_url, "get_secret_value")
@@ -110,7 +117,7 @@ def prepare_local_prefect(timeout_s: float = 900) -> None:
 SERVER_ATTEMPTS = 5
 
 
-def start_local_server() -> str | None:
+def start_local_server() -> None:
     """Start this process's temporary Prefect server, and make sure the server that answers is its own.
 
     Prefect picks the server's port at random in 8000-8999, checks that it is free, then starts uvicorn,
@@ -120,21 +127,19 @@ def start_local_server() -> str | None:
     its own until that server stops ("Connection refused" in the middle of a run: one of four flows
     started together in CI). So once Prefect says the server is up, the port must be listened on by
     the server process it started; otherwise that server is stopped and another start picks another
-    port. Returns the API's URL, or None where no temporary server would start (PREFECT_API_URL names
-    one, or ephemeral mode is off).
+    port. Nothing happens where no temporary server would start (`_temporary_server_settings`).
     """
     from prefect.server.api.server import SubprocessASGIServer
-    from prefect.settings import get_current_settings
 
-    settings = get_current_settings()
-    if settings.api.url or not settings.server.ephemeral.enabled:
-        return None
+    settings = _temporary_server_settings()
+    if settings is None:
+        return
     bound_s = settings.server.ephemeral.startup_timeout_seconds
     for _ in range(SERVER_ATTEMPTS):
         server = SubprocessASGIServer()  # Prefect's own instance: its flow runs find this one started
         server.start()
         if _listens_on_its_port(server, bound_s):
-            return server.api_url
+            return
         logging.getLogger(__name__).warning(
             "Prefect's temporary server on port %d was another process's (it took the port first); "
             "starting one on another port", server.port)
