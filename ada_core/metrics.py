@@ -37,7 +37,7 @@ SAMPLER_BUDGET = "sampler/budget"  # budgeted: the step's sample budget
 SAMPLER_FORCED = "sampler/explore_forced"  # budgeted: prompts retested by the exploration floor
 SAMPLER_EXPECTED_INFORMATIVE = "sampler/expected_informative"  # budgeted: sum of posterior P(mixed pool)
 SAMPLER_EST_P_HAT_MIN = "sampler/est_p_hat_min"  # est: the lowest pre-visit pass-rate estimate of the step
-SAMPLER_EST_WEIGHT_MAX = "sampler/est_weight_max"  # est: the largest normalised prompt weight (1 = none)
+SAMPLER_EST_WEIGHT_MAX = "sampler/est_weight_max"  # est: the largest 1/sqrt(r_bar + eps) of a mixed pool (1 = none)
 
 
 def active_prompts_key(round_index: int) -> str:

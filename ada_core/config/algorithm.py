@@ -117,15 +117,15 @@ class SamplerConfig(_Strict):
     )
     prior_strength: float = Field(
         1.0, gt=0.0,
-        description="budgeted, est: every prompt's prior is Beta(s/2, s/2) (1 = Jeffreys, 2 = flat) plus, for "
+        description="budgeted: every prompt's prior is Beta(s/2, s/2) (1 = Jeffreys, 2 = flat) plus, for "
         "curated prompts, their measured pass rate as pseudo-counts.",
-        json_schema_extra=when("sampler.name in [budgeted, est]"),
+        json_schema_extra=when("sampler.name == budgeted"),
     )
     prior_weight: float = Field(
         1.0, ge=0.0,
-        description="budgeted, est: a curated prompt's curation_k samples count as this many pseudo-observations "
+        description="budgeted: a curated prompt's curation_k samples count as this many pseudo-observations "
         "each.",
-        json_schema_extra=when("sampler.name in [budgeted, est]"),
+        json_schema_extra=when("sampler.name == budgeted"),
     )
     forget: float = Field(
         0.99, gt=0.0, le=1.0,
@@ -146,31 +146,43 @@ class SamplerConfig(_Strict):
         json_schema_extra=when("sampler.name == budgeted"),
     )
 
-    # est (Reinforce-Ada-Est, arXiv 2510.04996v3; ada_core/sampling/allocation.py, EstHistory).
+    # est (Reinforce-Ada-Est, arXiv 2510.04996v3 sections 3-4 and Algorithm 1; ada_core/sampling/allocation.py,
+    # EstHistory; docs/ALGORITHM.md marks which choices are the paper's and which are ours).
     est_min: int = Field(
-        2, ge=2,
+        2, ge=1,
         description="est: N_min, the fewest samples a prompt gets in a step (2: the least that can hold a "
         "positive and a negative). Ours.",
         json_schema_extra=when("sampler.name == est"),
     )
     est_max: int = Field(
-        16, ge=2,
-        description="est: N_max, the most samples a prompt gets in a step (16 = 4n at n = 4). Ours.",
+        32, ge=1,
+        description="est: N_max, the most samples a prompt gets in a step (32 = 4n at the preset's n = 8). Ours.",
         json_schema_extra=when("sampler.name == est"),
     )
-    est_discount: float = Field(
-        0.9, gt=0.0, le=1.0,
-        description="est: at each visit a prompt's past positive and negative counts are multiplied by this "
-        "before the new ones are added (the policy moves; old outcomes describe an older one). 1 = keep all. "
-        "Ours.",
+    est_ema: float = Field(
+        0.9, ge=0.0, lt=1.0,
+        description="est: the EMA factor of each prompt's pass-rate estimate: at each visit p_hat <- ema p_hat + "
+        "(1 - ema) (this visit's pass rate). 0 = the last visit alone. 0.9 as the authors' code.",
+        json_schema_extra=when("sampler.name == est"),
+    )
+    est_prior: list[float] = Field(
+        [1.0, 16.0], min_length=2, max_length=2,
+        description="est: Beta(a, b) whose mean a / (a + b) starts the estimate of a prompt with no curation "
+        "measurement (a curated prompt starts from its measured pass rate). [1, 16] as the authors' code.",
         json_schema_extra=when("sampler.name == est"),
     )
     est_weighting: Literal["log", "none"] = Field(
         "log",
-        description="est: `log` = the gradient of the objective log p: each prompt's mean gradient weighted by "
-        "1/p_hat (the pre-visit estimate), weights normalised to mean 1 over the step's sampled prompts; "
-        "`none` = every sample weighted alike, as GRPO.",
+        description="est: `log` = v3's Algorithm 1: each prompt's advantages times 1 / sqrt(r_bar + est_eps), "
+        "r_bar the pass rate of this step's samples of the prompt, unnormalised (with N_x ~ 1/sqrt(p_hat) a "
+        "prompt's total weight is then ~ 1/p, the log objective's gradient); `none` = every sample alike.",
         json_schema_extra=when("sampler.name == est"),
+    )
+    est_eps: float = Field(
+        1e-6, gt=0.0,
+        description="est: the eps of the weight 1 / sqrt(r_bar + eps) (its value is not given in the paper; "
+        "an all-wrong pool has zero advantage, so it only keeps the weight finite). Ours.",
+        json_schema_extra=when("sampler.name == est", "sampler.est_weighting == log"),
     )
 
     @property
@@ -209,6 +221,8 @@ class SamplerConfig(_Strict):
             raise ValueError(f"sampler.budget = {self.budget} is below sampler.n = {self.n}: no group could be filled")
         if self.name == "est" and self.est_min > self.est_max:
             raise ValueError(f"sampler.est_min = {self.est_min} is above sampler.est_max = {self.est_max}")
+        if self.name == "est" and not (self.est_prior[0] > 0 and self.est_prior[1] > 0):
+            raise ValueError(f"sampler.est_prior: both Beta parameters must be > 0, got {self.est_prior}")
         return self
 
 

@@ -63,9 +63,11 @@ PRESETS: dict[str, dict[str, Any]] = {
         "sampler": {"name": "ada", "exit_rule": "balance", "n": 4},  # ref default variant
         "advantage": {"name": "global_mean"},
     },
-    # The paper's Reinforce-Ada-Est (v3): GRPO's B x n samples a step, N_x ~ 1/sqrt(p_hat_x), log weighting.
+    # The paper's Reinforce-Ada-Est (v3 sections 3-4, Algorithm 1): about 8 samples a prompt ("most directly
+    # comparable to GRPO-n8"), N_x ~ 1/sqrt(p_hat_x) from an EMA of the prompt's history, every sample trained,
+    # advantages weighted by 1/sqrt(r_bar_x + eps). n = 8 sets the budget B x 8; est_* defaults (docs/ALGORITHM.md).
     "ada-est": {
-        "sampler": {"name": "est", "n": 4},  # budget B x n; est_* defaults (docs/ALGORITHM.md)
+        "sampler": {"name": "est", "n": 8},
         "advantage": {"name": "global_mean"},  # pool-mean baseline, as Ada
     },
     # Fixed budget = GRPO's B x n samples a step (ours; docs/ALGORITHM.md gives each idea's source).

@@ -221,42 +221,58 @@ def step_budget(budget: int | None, prompts: int, n: int) -> int:
 # ---------------------------------------------------------------------------------------------------
 # Reinforce-Ada-Est (arXiv 2510.04996v3): the estimation-based realization of the log objective.
 # ---------------------------------------------------------------------------------------------------
+EST_P_FLOOR = 1e-3  # the lowest estimate the allocation reads: an EMA of a never-solved prompt tends to 0
+
+
 class EstHistory:
-    """Per-prompt pass-rate estimates for `est`: discounted counts of positives and negatives plus a prior.
+    """Per-prompt pass-rate estimates for `est` (arXiv 2510.04996v3, Algorithm 1): an exponential moving
+    average of the prompt's observed pass rate, started from its curation measurement.
 
-    At each visit of a prompt its old counts are multiplied by `discount` and the visit's counts added:
+        start:  p_hat_x = the prompt's curation pass rate (`prompt.difficulty`, when `meta["curation_k"]` says it
+                was measured), else the prior mean a0 / (a0 + b0) (Beta(1, 16) in the authors' code)
+        visit:  p_hat_x <- ema * p_hat_x + (1 - ema) * positives / samples
 
-        pos <- discount * pos + positives,    neg <- discount * neg + negatives
+    so the curation prior is only the start, and each visit moves the estimate towards what the current
+    policy does (a prompt not drawn keeps its estimate). The allocation reads max(p_hat, EST_P_FLOOR).
 
-    so evidence fades by visits, not by steps (a prompt not drawn keeps its estimate). The estimate is the
-    posterior mean under the prior Beta(a0, b0) (`PromptHistory.prior`: Beta(s/2, s/2), plus a curated
-    prompt's measurement as pseudo-counts):
-
-        p_hat = (a0 + pos) / (a0 + b0 + pos + neg)
-
-    Jeffreys' prior, discount 0.5: visits (2 of 4), then (0 of 4) -> pos = 1, neg = 5, p_hat = 1.5 / 7.
+    ema 0.9, start 0.25: a visit of 8 samples with 6 positives -> 0.9 * 0.25 + 0.1 * 0.75 = 0.3.
     """
 
-    def __init__(self, prior_strength: float = 1.0, prior_weight: float = 1.0, discount: float = 0.9):
-        self._prior = PromptHistory(prior_strength, prior_weight)
-        self.discount = discount
-        self.counts: dict[str, list[float]] = {}  # prompt id -> [pos, neg, visits]
+    def __init__(self, ema: float = 0.9, prior: tuple[float, float] | list[float] = (1.0, 16.0)):
+        if not 0.0 <= ema < 1.0:
+            raise ValueError(f"est: the EMA factor must be in [0, 1), got {ema}")
+        self.ema = ema
+        self.prior = (float(prior[0]), float(prior[1]))
+        self.rates: dict[str, list[float]] = {}  # prompt id -> [p_hat, visits]
+
+    def start(self, prompt: Prompt) -> float:
+        k, rate = prompt.meta.get("curation_k"), prompt.difficulty
+        if isinstance(k, (int, float)) and k > 0 and isinstance(rate, (int, float)) and 0.0 <= rate <= 1.0:
+            return float(rate)
+        a0, b0 = self.prior
+        return a0 / (a0 + b0)
 
     def estimate(self, prompt: Prompt) -> float:
-        a0, b0 = self._prior.prior(prompt)
-        pos, neg, _ = self.counts.get(prompt.id, (0.0, 0.0, 0))
-        return (a0 + pos) / (a0 + b0 + pos + neg)
+        entry = self.rates.get(prompt.id)
+        return max(entry[0] if entry is not None else self.start(prompt), EST_P_FLOOR)
 
-    def visit(self, prompt_id: str, positives: int, negatives: int) -> None:
-        pos, neg, visits = self.counts.get(prompt_id, (0.0, 0.0, 0))
-        self.counts[prompt_id] = [self.discount * pos + positives, self.discount * neg + negatives, int(visits) + 1]
+    def visit(self, prompt: Prompt, positives: int, samples: int) -> None:
+        if samples < 1:
+            raise ValueError(f"est: a visit of prompt {prompt.id} needs at least one sample")
+        entry = self.rates.get(prompt.id)
+        before = entry[0] if entry is not None else self.start(prompt)
+        visits = int(entry[1]) + 1 if entry is not None else 1
+        self.rates[prompt.id] = [self.ema * before + (1.0 - self.ema) * positives / samples, visits]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"est": {pid: list(c) for pid, c in self.counts.items()}}
+        return {"est_ema": {pid: list(entry) for pid, entry in self.rates.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if isinstance(state, dict) and "est" in state and "est_ema" not in state:
+            raise ValueError("sampler state: a checkpoint of the earlier `est` (discounted counts, before v3's EMA); "
+                             "it cannot continue under this sampler: start the run afresh")
         try:
-            self.counts = {str(pid): [float(p), float(n), int(v)] for pid, (p, n, v) in state["est"].items()}
+            self.rates = {str(pid): [float(p), int(v)] for pid, (p, v) in state["est_ema"].items()}
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"sampler state: not an EstHistory state dict ({err})") from None
 
@@ -308,11 +324,8 @@ def est_allocation(p_hat: list[float], budget: int, n_min: int, n_max: int) -> l
     return alloc
 
 
-def est_weights(p_hat: list[float]) -> list[float]:
-    """The log objective's prompt weights f'(p) = 1/p_hat, normalised to mean 1 (the learning rate keeps its
-    meaning). p_hat [0.5, 0.25] -> 1/p = [2, 4] -> [2/3, 4/3]."""
-    if not p_hat:
-        return []
-    inverse = [1.0 / p for p in p_hat]
-    mean = sum(inverse) / len(inverse)
-    return [w / mean for w in inverse]
+def est_weights(pass_rates: list[float], eps: float) -> list[float]:
+    """v3's Algorithm 1 weight of each prompt's advantages, from this step's pool: 1 / sqrt(r_bar_x + eps),
+    unnormalised. With N_x proportional to 1/sqrt(p_hat_x) samples each, a prompt's summed weight is then
+    about 1 / p_x, the gradient of the log objective. r_bar [0.25, 1.0], eps 0 -> [2.0, 1.0]."""
+    return [1.0 / math.sqrt(r + eps) for r in pass_rates]

@@ -18,9 +18,9 @@ chosen by `SamplerConfig.name`, answer this differently:
       prompts still active are unresolved: `keep` them (reference code) or `drop` them (paper)
       group = downsample(pool, n); advantages = estimator(group rewards, WHOLE pool rewards)
 
-- `est` (Reinforce-Ada-Est, the paper's v3): each prompt's pass rate p_hat estimated from its history,
-  N_x proportional to 1/sqrt(p_hat) samples (the log objective's variance-minimising rule), clipped and
-  scaled to the step's budget, in one engine call; each prompt's gradient weighted by 1/p_hat.
+- `est` (Reinforce-Ada-Est, the paper's v3): each prompt's pass rate p_hat an EMA of its history,
+  N_x proportional to 1/sqrt(p_hat) samples, clipped and scaled to the step's budget, in one engine
+  call; every sample trained, each prompt's advantages weighted by 1/sqrt(its pass rate this step).
   `EstSampler` below and `est_allocation` in ada_core/sampling/allocation.py.
 - `budgeted` (ours, beyond the paper): GRPO's B x n samples a step (or `sampler.budget`), spent by a
   history-informed allocation policy; `BudgetedSampler` below and ada_core/sampling/allocation.py.
@@ -355,19 +355,18 @@ class BudgetedSampler(_KeepsHistory):
 
 @dataclass
 class EstSampler(_KeepsHistory):
-    """Reinforce-Ada-Est (arXiv 2510.04996v3) for the objective f(p) = log p; docs/ALGORITHM.md says how
-    we read the paper where it leaves a choice.
+    """Reinforce-Ada-Est as arXiv 2510.04996v3 specifies it (sections 3-4, Algorithm 1), for the objective
+    f(p) = log p; docs/ALGORITHM.md cites the paper for each line and marks the choices that are ours.
 
-        p_hat_x = EstHistory.estimate(x)               discounted counts + Beta prior, BEFORE this visit
-        N_x     = est_allocation(p_hat, budget, est_min, est_max)   ~ 1/sqrt(p_hat_x), sums to the budget
+        p_hat_x = EstHistory.estimate(x)          an EMA of the prompt's history, started from its curation rate
+        N_x     = est_allocation(p_hat, budget, est_min, est_max)   ~ 1/sqrt(p_hat_x), sums to the budget (B x n)
         ONE engine call: N_x samples for every prompt; score them; the history visits every prompt
-        group   = the WHOLE pool (N_x samples, no downsampling); advantages by the configured estimator
-        log weighting: A_i *= w_x * (budget / B) / N_x,  w_x = (1/p_hat_x) / mean_x(1/p_hat_x)
+        group   = the WHOLE pool (every sample is trained); advantages by the configured estimator
+        weight:  A_i *= 1 / sqrt(r_bar_x + eps),  r_bar_x = this step's pass rate of x, unnormalised
 
-    The last line makes each prompt's summed gradient its mean sample gradient times w_x (times a
-    constant): the estimator of grad log p = grad p / p. Without it (`est_weighting: none`) every sample
-    counts alike, as in GRPO, and a prompt's weight grows with its N_x. A uniform pool (all correct or all
-    wrong) is `unresolved`: kept with zero advantage, or dropped (`unresolved: drop`).
+    With N_x ~ 1/sqrt(p) samples each weighted ~ 1/sqrt(p), a prompt's share of the gradient is ~ 1/p: the
+    estimator of grad log p = grad p / p. `est_weighting: none` weights every sample alike. A uniform pool
+    (all correct or all wrong) is `unresolved`: kept with zero advantage, or dropped (`unresolved: drop`).
     """
 
     cfg: SamplerConfig
@@ -375,7 +374,7 @@ class EstSampler(_KeepsHistory):
     history: EstHistory = field(init=False)
 
     def __post_init__(self) -> None:
-        self.history = EstHistory(self.cfg.prior_strength, self.cfg.prior_weight, self.cfg.est_discount)
+        self.history = EstHistory(self.cfg.est_ema, self.cfg.est_prior)
 
     def sample(
         self,
@@ -392,26 +391,26 @@ class EstSampler(_KeepsHistory):
         budget = step_budget(cfg.budget, len(prompts), cfg.n)
         p_hat = [self.history.estimate(p) for p in prompts]
         alloc = est_allocation(p_hat, budget, cfg.est_min, cfg.est_max)
-        weights = est_weights(p_hat) if cfg.est_weighting == "log" else [1.0] * len(prompts)
         pools = [PromptPool(p, rounds=1) for p in prompts]
         clock.active_per_round.append(len(pools))
         drawn = draw_and_score(list(zip(prompts, alloc)), 0, engine, verifier, sampling, rng, clock)
-        mean_size = budget / len(prompts)
-        groups = []
-        for pool, samples, weight in zip(pools, drawn, weights):
+        groups, weights = [], []
+        for pool, samples in zip(pools, drawn):
             pool.samples.extend(samples)
             pos = pool.num_positive(threshold)
-            self.history.visit(pool.prompt.id, pos, len(samples) - pos)
+            self.history.visit(pool.prompt, pos, len(samples))
+            weight = est_weights([pos / len(samples)], cfg.est_eps)[0] if cfg.est_weighting == "log" else 1.0
             pool.exit_reason = "mixed" if 0 < pos < len(samples) else "unresolved"
             if pool.exit_reason == "unresolved" and cfg.unresolved == "drop":
                 continue
             group = make_group(pool, list(pool.samples), self.advantage, threshold)
-            if cfg.est_weighting == "log":
-                scale = weight * mean_size / len(samples)
-                group.advantages = [a * scale for a in group.advantages]
+            if weight != 1.0:
+                group.advantages = [a * weight for a in group.advantages]
             groups.append(group)
+            if pool.exit_reason == "mixed":
+                weights.append(weight)
         extra = {mk.SAMPLER_BUDGET: float(budget), mk.SAMPLER_EST_P_HAT_MIN: float(min(p_hat)),
-                 mk.SAMPLER_EST_WEIGHT_MAX: float(max(weights))}
+                 mk.SAMPLER_EST_WEIGHT_MAX: float(max(weights, default=1.0))}
         return finish_batch(pools, groups, clock, cfg, ["mixed", "unresolved"], extra, needed=(1, 1))
 
 

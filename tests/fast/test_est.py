@@ -12,7 +12,7 @@ from ada_core.config import AdvantageConfig, ConfigError, SamplerConfig, build_c
 from ada_core.data.curation import curate
 from ada_core.protocols import SamplingParams
 from ada_core.records import Prompt
-from ada_core.sampling.allocation import EstHistory, est_allocation, est_weights
+from ada_core.sampling.allocation import EST_P_FLOOR, EstHistory, est_allocation, est_weights
 from ada_core.sampling.samplers import BudgetedSampler, EstSampler, make_sampler
 from ada_core.sampling.simulate import BernoulliEngine, BernoulliVerifier, make_prompts
 
@@ -55,82 +55,79 @@ def test_allocation_refuses_a_budget_the_bounds_cannot_spend():
         est_allocation([0.5, 0.5, 0.5], budget=5, n_min=2, n_max=4)
 
 
-def test_weights_are_the_log_objectives_normalised_to_mean_one():
-    assert est_weights([0.5, 0.25]) == pytest.approx([2 / 3, 4 / 3])
-    weights = est_weights([0.9, 0.1, 0.3, 0.05])
-    assert sum(weights) / 4 == pytest.approx(1.0)
-    assert weights == pytest.approx([w / (sum(1 / p for p in [0.9, 0.1, 0.3, 0.05]) / 4) for w in
-                                     [1 / 0.9, 1 / 0.1, 1 / 0.3, 1 / 0.05]])
+def test_weights_are_v3s_from_the_steps_own_pass_rate_unnormalised():
+    assert est_weights([0.25, 1.0], eps=0.0) == pytest.approx([2.0, 1.0])
+    assert est_weights([0.0, 0.5], eps=1e-6) == pytest.approx([1 / math.sqrt(1e-6), 1 / math.sqrt(0.5 + 1e-6)])
 
 
-# --- the estimate: discounted counts with a Beta prior, decayed at each visit ---------------------------------
-def test_estimate_decays_at_each_visit():
-    history = EstHistory(prior_strength=1.0, discount=0.5)  # Jeffreys: Beta(1/2, 1/2)
-    prompt = Prompt(id="x", text="1+1=", answer="2")
-    assert history.estimate(prompt) == pytest.approx(0.5)
-    history.visit("x", positives=2, negatives=2)
-    assert history.estimate(prompt) == pytest.approx(2.5 / 5)
-    history.visit("x", positives=0, negatives=4)  # old counts halve first: pos 1, neg 1 + 4
-    assert history.counts["x"] == [1.0, 5.0, 2]
-    assert history.estimate(prompt) == pytest.approx(1.5 / 7)
-    history.visit("x", positives=4, negatives=0)  # pos 0.5 + 4, neg 2.5
-    assert history.estimate(prompt) == pytest.approx(5.0 / 8)
-    # a prompt that is not visited keeps its estimate however many steps pass: decay is per visit
-    other = Prompt(id="y", text="2+2=", answer="4")
-    history.visit("y", positives=1, negatives=3)
-    before = history.estimate(other)
+# --- the estimate: an EMA of the prompt's history, started from its curation measurement ---------------------
+def test_estimate_is_an_ema_started_from_the_curation_rate():
+    history = EstHistory(ema=0.9, prior=(1.0, 16.0))
+    curated = Prompt(id="c", text="9+9=", answer="18", difficulty=4 / 16, meta={"curation_k": 16})
+    plain = Prompt(id="x", text="1+1=", answer="2")
+    assert history.estimate(curated) == pytest.approx(0.25)
+    assert history.estimate(plain) == pytest.approx(1 / 17)  # the prior's mean: no measurement
+    history.visit(curated, positives=6, samples=8)
+    assert history.estimate(curated) == pytest.approx(0.9 * 0.25 + 0.1 * 0.75)
+    history.visit(curated, positives=0, samples=8)
+    assert history.estimate(curated) == pytest.approx(0.9 * 0.3)
+    assert history.rates["c"][1] == 2
+    # a prompt that is not visited keeps its estimate however many steps pass
+    before = history.estimate(plain)
     for _ in range(5):
-        history.visit("x", positives=1, negatives=1)
-    assert history.estimate(other) == before
-    # discount 1 keeps every count
-    keep = EstHistory(discount=1.0)
-    keep.visit("x", 1, 3)
-    keep.visit("x", 1, 3)
-    assert keep.counts["x"][:2] == [2.0, 6.0]
+        history.visit(curated, 1, 2)
+    assert history.estimate(plain) == before
+    # ema 0: the last visit alone; an estimate that reaches 0 is floored for the allocation
+    last = EstHistory(ema=0.0)
+    last.visit(plain, 0, 4)
+    assert last.estimate(plain) == EST_P_FLOOR
 
 
-def test_estimate_starts_from_the_curated_measurement():
-    history = EstHistory(prior_strength=1.0, prior_weight=1.0)
+def test_history_state_round_trips_and_refuses_the_earlier_format():
+    history = EstHistory()
     curated = Prompt(id="c", text="9+9=", answer="18", difficulty=2 / 16, meta={"curation_k": 16})
-    assert history.estimate(curated) == pytest.approx((0.5 + 2) / (1 + 16))
-    state = history.state_dict()
-    history.visit("c", 0, 4)
-    restored = EstHistory(prior_strength=1.0, prior_weight=1.0)
+    assert history.state_dict() == {"est_ema": {}}
+    history.visit(curated, 0, 4)
+    restored = EstHistory()
     restored.load_state_dict(history.state_dict())
     assert restored.estimate(curated) == pytest.approx(history.estimate(curated))
-    assert state == {"est": {}}
     with pytest.raises(ValueError, match="not an EstHistory state dict"):
         restored.load_state_dict({"beliefs": {}})
+    with pytest.raises(ValueError, match="a checkpoint of the earlier `est`"):
+        restored.load_state_dict({"est": {"c": [1.0, 2.0, 1]}})
 
 
 # --- the sampler -------------------------------------------------------------------------------------------
-def _est(**kw) -> EstSampler:
-    return make_sampler(SamplerConfig(name="est", n=4, **kw), AdvantageConfig(name="global_mean"))
+def _est(n: int = 8, **kw) -> EstSampler:
+    return make_sampler(SamplerConfig(name="est", n=n, **kw), AdvantageConfig(name="global_mean"))
 
 
-def test_est_sampler_spends_the_budget_by_the_rule_and_weights_the_gradient():
+def test_est_sampler_spends_the_budget_by_the_rule_and_weights_each_prompt_by_its_step():
     prompts = make_prompts(16, np.random.default_rng(3), curation_k=16)
     sampler = _est()
     p_hat = [sampler.history.estimate(p) for p in prompts]
-    expected = est_allocation(p_hat, 16 * 4, 2, 16)
+    expected = est_allocation(p_hat, 16 * 8, 2, 32)
     batch = sampler.sample(prompts, BernoulliEngine(), BernoulliVerifier(), SAMPLING, np.random.default_rng(1))
     assert [len(pool.samples) for pool in batch.pools] == expected
-    assert sum(expected) == 64 and len(set(expected)) > 1  # the curated priors differ, so the sizes do
-    weights = est_weights(p_hat)
+    assert sum(expected) == 128 and len(set(expected)) > 1  # the curated starts differ, so the sizes do
     for group in batch.groups:
         i = prompts.index(group.prompt)
-        assert len(group.samples) == expected[i]  # the whole pool is trained on
+        assert len(group.samples) == expected[i]  # every sample is trained on
         rewards = [s.reward for s in group.samples]
+        rate = sum(r > 0.7 for r in rewards) / len(rewards)
         plain = [r - sum(rewards) / len(rewards) for r in rewards]
-        scale = weights[i] * 4 / expected[i]
-        assert group.advantages == pytest.approx([a * scale for a in plain])
-    # every visit folded into the history, which the checkpoint carries
-    assert set(sampler.state_dict()["est"]) == {p.id for p in prompts}
+        assert group.advantages == pytest.approx([a / math.sqrt(rate + 1e-6) for a in plain])
+    # every visit moved its prompt's EMA, which the checkpoint carries
+    state = sampler.state_dict()["est_ema"]
+    assert set(state) == {p.id for p in prompts}
+    for pool, before in zip(batch.pools, p_hat):
+        rate = pool.num_positive(0.7) / len(pool.samples)
+        assert state[pool.prompt.id][0] == pytest.approx(0.9 * max(before, 0.0) + 0.1 * rate, abs=1e-3)
 
 
 def test_est_sampler_without_weighting_trains_like_grpo_and_drops_uniform_pools_on_request():
     prompts = make_prompts(24, np.random.default_rng(4))
-    batch = _est(est_weighting="none", unresolved="drop").sample(
+    batch = _est(n=4, est_weighting="none", unresolved="drop").sample(
         prompts, BernoulliEngine(), BernoulliVerifier(), SAMPLING, np.random.default_rng(2))
     kept = {g.prompt.id for g in batch.groups}
     for pool in batch.pools:
@@ -139,14 +136,14 @@ def test_est_sampler_without_weighting_trains_like_grpo_and_drops_uniform_pools_
     for group in batch.groups:
         rewards = [s.reward for s in group.samples]
         assert group.advantages == pytest.approx([r - sum(rewards) / len(rewards) for r in rewards])
-    # no history and a flat prior: every prompt gets n, GRPO's allocation
+    # no measurement: every prompt starts from the prior's mean, so each gets n, GRPO's allocation
     assert all(len(pool.samples) == 4 for pool in batch.pools)
 
 
 def test_history_moves_samples_to_the_prompts_it_finds_hard():
     easy = Prompt(id="easy", text="e", answer="1", meta={"pass_rate": 0.95})
     hard = Prompt(id="hard", text="h", answer="1", meta={"pass_rate": 0.1})
-    sampler = _est()
+    sampler = _est(n=4, est_ema=0.5)
     for step in range(6):
         batch = sampler.sample([easy, hard], BernoulliEngine(), BernoulliVerifier(), SAMPLING,
                                np.random.default_rng(step))
@@ -158,6 +155,7 @@ def test_history_moves_samples_to_the_prompts_it_finds_hard():
 def test_presets_name_the_papers_rows():
     est = build_config("ada-est", "tiny")
     assert isinstance(make_sampler(est.sampler, est.advantage), EstSampler)
+    assert est.sampler.n == 8  # v3: Est at about 8 samples a prompt, compared with GRPO n = 8
     posterior = build_config("ada-posterior", "tiny")
     assert isinstance(make_sampler(posterior.sampler, posterior.advantage), BudgetedSampler)
     assert posterior.sampler.allocation == "posterior"
@@ -178,9 +176,9 @@ def test_every_preset_is_a_flow_parameter_choice():
 
 
 def test_est_budget_outside_the_bounds_is_a_config_error():
-    with pytest.raises(ConfigError, match=r"sampler.budget: 600 samples a step cannot be spread over "
+    with pytest.raises(ConfigError, match=r"sampler.budget: 1100 samples a step cannot be spread over "
                                           r"prompts_per_step = 32 prompts"):
-        build_config("ada-est", "tiny", overrides={"sampler": {"budget": 600}})
+        build_config("ada-est", "tiny", overrides={"sampler": {"budget": 1100}})
     with pytest.raises(ConfigError, match="sampler.est_min = 5 is above sampler.est_max = 4"):
         build_config("ada-est", "tiny", overrides={"sampler": {"est_min": 5, "est_max": 4}})
     with pytest.raises(ConfigError, match="data.keep_pass_rate"):

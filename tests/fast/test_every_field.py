@@ -86,9 +86,11 @@ EFFECTS: dict[str, tuple[str, dict[str, Any], Any]] = {
     "sampler.skip_confidence": ("sampler", EST, 0.3),
     "sampler.explore_after": ("sampler", EST, 0),
     "sampler.est_min": ("sampler", PAPER_EST, 3),
-    "sampler.est_max": ("sampler", PAPER_EST, 5),
-    "sampler.est_discount": ("est_history", PAPER_EST, 0.1),
+    "sampler.est_max": ("sampler", PAPER_EST, 9),
+    "sampler.est_ema": ("est_history", PAPER_EST, 0.1),
+    "sampler.est_prior": ("est_prior", PAPER_EST, [4.0, 4.0]),
     "sampler.est_weighting": ("sampler", PAPER_EST, "none"),
+    "sampler.est_eps": ("sampler", PAPER_EST, 0.5),
     "advantage.name": ("sampler", {}, "rloo"),
     "advantage.eps": ("sampler", {}, 0.5),
     # the loss on fixed tensors
@@ -241,7 +243,7 @@ def probe_sampler(cfg: TrainConfig, tmp_path: Path):
 
 
 def probe_est_history(cfg: TrainConfig, tmp_path: Path):
-    """The est sampler on 6 prompts visited 4 times each: a discount acts from a prompt's third visit."""
+    """The est sampler on 6 prompts visited 4 times each: the EMA moves the estimates from the second visit on."""
     from ada_core.sampling import make_sampler
     from ada_core.sampling.simulate import BernoulliEngine, BernoulliVerifier
 
@@ -250,6 +252,19 @@ def probe_est_history(cfg: TrainConfig, tmp_path: Path):
     sampling = SamplingParams(max_tokens=14)
     return [_batch_signature(sampler.sample(prompts, BernoulliEngine(), BernoulliVerifier(), sampling,
                                             np.random.default_rng(step))) for step in range(1, 5)]
+
+
+def probe_est_prior(cfg: TrainConfig, tmp_path: Path):
+    """The est sampler on 6 prompts with no curation measurement, visited twice: the prior starts their estimates."""
+    from ada_core.sampling import make_sampler
+    from ada_core.sampling.simulate import BernoulliEngine, BernoulliVerifier
+
+    prompts = _prompts(6, curation_k=0)
+    prompts[0].meta["curation_k"], prompts[0].difficulty = 4, 0.5  # one curated prompt: the others' share moves
+    sampler = make_sampler(cfg.sampler, cfg.advantage)
+    sampling = SamplingParams(max_tokens=14)
+    return [_batch_signature(sampler.sample(prompts, BernoulliEngine(), BernoulliVerifier(), sampling,
+                                            np.random.default_rng(step))) for step in range(1, 3)]
 
 
 def probe_streaming(cfg: TrainConfig, tmp_path: Path):

@@ -15,7 +15,7 @@ def test_mlflow_logs_what_each_run_reads_and_n_a_for_the_rest():
         assert est[key] != tracking.NOT_APPLICABLE, key  # the budgeted sampler reads them
     assert est["sampler.exit_rule"] == est["sampler.window"] == tracking.NOT_APPLICABLE  # it always uses `mixed`
     paper_est = tracking.run_params(build_config("ada-est", "tiny"), "ada-est", "digest", facts=FACTS)
-    for key in ("sampler.budget", "sampler.prior_strength", "sampler.est_min", "sampler.est_discount",
+    for key in ("sampler.budget", "sampler.est_prior", "sampler.est_min", "sampler.est_ema",
                 "sampler.unresolved"):
         assert paper_est[key] != tracking.NOT_APPLICABLE, key  # the paper's Est reads them
     for key in ("N", "M", "sampler.allocation", "sampler.forget", "sampler.downsample", "sampler.exit_rule"):
