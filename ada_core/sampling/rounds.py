@@ -187,5 +187,9 @@ def finish_batch(pools, groups, clock, cfg: SamplerConfig, exit_reasons, extra=N
         needed = EXIT_RULES[cfg.exit_rule](cfg.n) if cfg.name == "ada" else (0, 0)
     metrics = step_metrics(pools, groups, clock, cfg.positive_threshold, exit_reasons, needed)
     metrics.update(extra or {})
+    # Samples a step dropped (carry-over's stale: drop, a resume's in-flight ones, the pools open at a run's end)
+    # were generated all the same: the budget counts them once, here, and budget/dropped_* says how many.
+    metrics[mk.BUDGET_GENERATED_SAMPLES] += metrics.get(mk.BUDGET_DROPPED_SAMPLES, 0.0)
+    metrics[mk.BUDGET_GENERATED_TOKENS] += metrics.get(mk.BUDGET_DROPPED_TOKENS, 0.0)
     metrics[mk.SAMPLER_TIME_S] = clock.bookkeeping_s()  # last, so it includes computing the metrics
     return RolloutBatch(groups=groups, metrics=mk.check_keys(metrics), pools=pools)

@@ -188,17 +188,18 @@ class AdaSampler:
 
     def carry_step(self, take: int, source: PromptSource, engine: RolloutEngine, verifier: Verifier,
                    sampling: SamplingParams, rng: np.random.Generator, number: int, carry_steps: int | None = None,
-                   stale: str = "wait") -> RolloutBatch:
+                   stale: str = "wait", final: bool = False) -> RolloutBatch:
         """Step `number` under carry-over: its `take` prompts join the stream (unless the last step drew them
         ahead), and the batch is the first `take` prompts done, older first. `carry_steps`: how many steps
         after the one it joined in a prompt may enter a batch (rollout.max_staleness - rollout.async_steps;
-        None: no bound); `stale` says what becomes of one not done by then."""
+        None: no bound); `stale` says what becomes of one not done by then; `final` (the run's last step) drops
+        and counts the prompts left open."""
         if self.session is None:
             self.session = StreamSession(self.cfg, self.advantage, engine)
             if self._restored is not None:
                 self.session.load_state_dict(self._restored)
                 self._restored = None
-        return self.session.carry_step(take, source, verifier, sampling, rng, number, carry_steps, stale)
+        return self.session.carry_step(take, source, verifier, sampling, rng, number, carry_steps, stale, final)
 
     def close(self) -> None:
         if self.session is not None:

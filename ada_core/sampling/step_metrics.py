@@ -62,8 +62,12 @@ def step_metrics(
     # One pass over every generated sample (~16k a step at paper scale).
     tokens = truncated = round0_count = 0
     round0_reward = 0.0
+    prompt_rates = []  # each prompt's round-1 pass rate: every prompt weighs alike, whatever it was allocated
     statuses = dict.fromkeys(VerifierStatus, 0)
     for pool in pools:
+        first = [s.reward for s in pool.samples if s.round == 0]
+        if first:
+            prompt_rates.append(sum(first) / len(first))  # type: ignore[arg-type]
         for s in pool.samples:
             tokens += len(s.completion_ids)
             truncated += s.truncated
@@ -91,6 +95,7 @@ def step_metrics(
         mk.BUDGET_TRAINED_SAMPLES: len(trained),
         mk.BUDGET_TRAINED_TOKENS: sum(len(s.completion_ids) for s in trained),
         mk.REWARD_MEAN: round0_reward / round0_count if round0_count else 0.0,
+        mk.REWARD_PROMPT_MEAN: _mean(prompt_rates),
         mk.REWARD_TRAINED_MEAN: _mean([s.reward for s in trained]),  # type: ignore[misc]
         mk.RESPONSE_LENGTH_MEAN: tokens / generated if generated else 0.0,
         mk.RESPONSE_TRUNCATED_FRAC: truncated / generated if generated else 0.0,

@@ -196,11 +196,14 @@ class StreamSession:
             self._add(p, step_seed, due, cohort=self.cohorts)
 
     def step(self, verifier: Verifier, sampling: SamplingParams, rng: np.random.Generator, take: int | None,
-             draw_ahead: Callable[[], None] | None = None, number: int = 0, stale: str = "wait") -> RolloutBatch:
+             draw_ahead: Callable[[], None] | None = None, number: int = 0, stale: str = "wait",
+             final: bool = False) -> RolloutBatch:
         """Stream until `take` open prompts are done (None: every one, and nothing is carried); the batch is
         the first `take` done prompts in prompt order. `draw_ahead` (carry-over) adds the next step's prompts
         once the server has a free slot, at most once. Open prompts due by step `number` (their `due`) are
-        waited for and taken (`stale="wait"`), or dropped if not done when the batch is ready ("drop")."""
+        waited for and taken (`stale="wait"`), or dropped if not done when the batch is ready ("drop").
+        `final` (the run's last step): the prompts left open after the batch are dropped and counted, since no
+        later step will train them; their samples were generated all the same."""
         if self.failed is not None:
             raise RuntimeError(f"the streaming session failed in an earlier step: {self.failed}")
         cfg, clock = self.cfg, StepClock()
@@ -261,7 +264,8 @@ class StreamSession:
         else:
             done = [i for i in self.open if self.schedule.done_sampling(i)]
             chosen = sorted(set(done[:take]) | {i for i in done if is_due(i)})  # due ones past the first `take` too
-            late = [i for i in self.open if is_due(i) and i not in set(chosen)]  # stale="drop": not done in time
+            late = [i for i in self.open if (final or is_due(i)) and i not in set(chosen)]  # stale="drop": not done
+            # in time; `final`: every prompt left open, which no later step will train
             for i in late:
                 in_flight = self.schedule.drop(i)
                 self.aborted_keys.update((i, k) for k in in_flight)  # their engine events count as aborted tokens
@@ -292,7 +296,8 @@ class StreamSession:
         return finish_batch(pools, groups, clock, cfg, [cfg.exit_rule, "unresolved"], extra)
 
     def carry_step(self, take: int, source: PromptSource, verifier: Verifier, sampling: SamplingParams,
-                   rng: np.random.Generator, number: int, carry_steps: int | None, stale: str) -> RolloutBatch:
+                   rng: np.random.Generator, number: int, carry_steps: int | None, stale: str,
+                   final: bool = False) -> RolloutBatch:
         """Step `number` under carry-over (AdaSampler.carry_step): its `take` prompts join the stream unless
         the last step drew them ahead, and the next step's are drawn ahead when the tail leaves room."""
 
@@ -303,8 +308,8 @@ class StreamSession:
         if not self.drew_ahead or len(self.open) < take:  # so `take` open prompts can be done this step
             draw()
         # carry_steps 0: a prompt must enter the batch of the step it joins, so none is drawn ahead
-        ahead = draw if carry_steps is None or carry_steps > 0 else None
-        return self.step(verifier, sampling, rng, take=take, draw_ahead=ahead, number=number, stale=stale)
+        ahead = draw if (carry_steps is None or carry_steps > 0) and not final else None
+        return self.step(verifier, sampling, rng, take=take, draw_ahead=ahead, number=number, stale=stale, final=final)
 
     # --- checkpoint and end -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -78,7 +78,7 @@ def rollout_step(state: RunState) -> RolloutBatch:
         carry_steps = None if r.max_staleness is None else r.max_staleness - r.async_steps
         return sampler.carry_step(state.config.prompts_per_step, state.source, state.rollout, verifier,
                                   state.sampling, state.rng, number=state.drawing_step, carry_steps=carry_steps,
-                                  stale=r.stale)
+                                  stale=r.stale, final=state.drawing_step >= state.config.steps)
     prompts = state.source.take(state.config.prompts_per_step)
     return sampler.sample(prompts, state.rollout, verifier, state.sampling, state.rng, source=state.source)
 
