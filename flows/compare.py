@@ -32,6 +32,19 @@ from flows.runtime import flow, set_torch_threads
 from flows.train import name_flow_run, prepare_data
 
 REFERENCE = "ada-balance"
+# The GRPO presets a control may coincide with: GRPO at n = 4, 8 or 16 over the group's prompts a step.
+GRPO_BY_N = {4: "grpo", 8: "grpo-n8", 16: "grpo-n16"}
+
+
+def control_labels(variant: str) -> tuple[str, str]:
+    """The two budget-matched GRPO controls of `variant` (CompareParams.controls): by prompts, by n."""
+    return f"grpo-b.{variant}", f"grpo-n.{variant}"
+
+
+def control_sizes(samples_per_step: float, prompts_per_step: int) -> tuple[int, int]:
+    """(prompts a step for GRPO n = 4, n for GRPO over `prompts_per_step`) that generate about
+    `samples_per_step` samples a step: 447 over 32 prompts -> (112, 14)."""
+    return matched_grpo_prompts(samples_per_step, 4), max(2, matched_grpo_prompts(samples_per_step / prompts_per_step, 1))
 
 
 def mean_samples_per_step(run_dir: str) -> float:
@@ -109,11 +122,38 @@ def compare(params: CompareParams = CompareParams()) -> dict[str, Any]:
             return child_params(params, "grpo", seed, regime_label(regime, MATCHED_LABEL), uri, parent_id, group_dir,
                                 extra_overrides=regime_overrides(params, regime), prompts_per_step=prompts)
 
+        control_of = {regime_label(regime, v): (regime, v) for regime in params.regimes for v in params.controls}
+
+        def budget_controls(result: dict[str, Any]) -> list[TrainParams]:
+            """GRPO by prompts and by n, sized to the samples a step this seed's run of a `controls` variant drew."""
+            regime, variant = control_of[result["variant"]]
+            seed = result["seed"]
+            samples = mean_samples_per_step(result["run_dir"])
+            base = params.build(variant, seed, regime_overrides(params, regime), group=True)
+            prompts, n = control_sizes(samples, base.prompts_per_step)
+            by_prompts, by_n = control_labels(variant)
+            client.log_param(parent_id, f"control_prompts_{result['variant']}_s{seed}", prompts)
+            client.log_param(parent_id, f"control_n_{result['variant']}_s{seed}", n)
+            out = []
+            if prompts != base.prompts_per_step or "grpo" not in params.variants:
+                out.append(child_params(params, "grpo", seed, regime_label(regime, by_prompts), uri, parent_id,
+                                        group_dir, extra_overrides=regime_overrides(params, regime),
+                                        prompts_per_step=prompts))
+            if GRPO_BY_N.get(n) not in params.variants:
+                out.append(child_params(params, "grpo", seed, regime_label(regime, by_n), uri, parent_id, group_dir,
+                                        extra_overrides={**(regime_overrides(params, regime) or {}),
+                                                         "sampler": {"n": n}}))
+            logger.info("%s seed %s drew %.1f samples/step: controls GRPO n = 4 over %d prompts, GRPO n = %d%s",
+                        result["variant"], seed, samples, prompts, n,
+                        f" (the group's {GRPO_BY_N[n]} run)" if GRPO_BY_N.get(n) in params.variants else "")
+            return out
+
         def matched_control(result: dict[str, Any]) -> list[TrainParams]:
             """GRPO sized to the samples per step that this seed's Ada-balance run drew: it starts once that run ends."""
+            controls = budget_controls(result) if result["variant"] in control_of else []
             regime = reference_regime.get(result["variant"])
             if regime is None or not params.matched_grpo:
-                return []
+                return controls
             seed = result["seed"]
             samples = mean_samples_per_step(result["run_dir"])
             prompts = matched_grpo_prompts(samples, params.build("grpo", seed, group=True).sampler.n)
@@ -122,14 +162,15 @@ def compare(params: CompareParams = CompareParams()) -> dict[str, Any]:
             key = f"matched_prompts_per_step_s{seed}" if regime == "default" else \
                 f"matched_prompts_per_step_{regime}_s{seed}"
             client.log_param(parent_id, key, prompts)
-            return [control(regime, seed, prompts)]
+            return [*controls, control(regime, seed, prompts)]
 
         results, failures = run_children(params, children, matched_control, group, client, parent_id, uri)
         if params.matched_grpo:  # a control with no reference never ran: say so next to its reference
             for failed in [f for f in failures if f["variant"] in reference_regime]:
                 missing = control(reference_regime[failed["variant"]], failed["seed"])
                 failures.append(fanout.failure_record(missing, None, "NOT_RUN", f"its reference {failed['run_name']} failed"))
-        labels = [regime_label(r, v) for r in params.regimes for v in [*params.variants, MATCHED_LABEL]]
+        labels = [regime_label(r, v) for r in params.regimes
+                  for v in [*params.variants, MATCHED_LABEL, *[c for v in params.controls for c in control_labels(v)]]]
         summary = finish_group(client, parent_id, "compare", results, group_dir, params.register_as, params.alias,
                                label_order=labels, reference=params.reference, failures=failures)
     summary["tracking_uri"] = uri

@@ -26,6 +26,8 @@ from flows.run_params import CompareParams
 # - tiny (docs/benchmarks/paper-tables.md): 8,192 raw prompts, 512 held out, a fixed pool of 256 reused over
 #   epochs as in the paper; standard = the tiny curation (k 8, 0 < p <= 0.875); 3 seeds.
 PAPER_METHODS = ["grpo", "grpo-n8", "grpo-n16", "dapo", "ada-pos", "ada-balance", "ada-est"]
+# The methods whose samples a step differ from GRPO n = 4's: each gets budget-matched GRPO controls (CompareParams.controls).
+PAPER_ADAPTIVE = ["dapo", "ada-pos", "ada-balance", "ada-est"]
 PAPER_RAW_POOL = 8192  # the tiny grid's raw prompts; the hard filter keeps enough of it
 PAPER_HELD_OUT = 512
 PAPER_GRIDS: dict[str, dict[str, Any]] = {
@@ -77,6 +79,10 @@ class PaperTablesParams(FlowParams):
         PAPER_OVERRIDES, description="Config fields by dotted name, shared by every pool (the paper grid's sizes).",
         json_schema_extra=overrides_schema(PAPER_OWN_FIELDS),
     )
+    controls: bool = Field(
+        True, description="Budget-matched GRPO controls for every adaptive method of `methods` (dapo, ada-pos, "
+        "ada-balance, ada-est): GRPO n = 4 over as many prompts a step as match its samples, and GRPO at n = its "
+        "samples a prompt, each with its number of updates, so Table C compares at equal samples and updates.")
     curate: bool = Field(True, description="Difficulty-filter each pool's prompts with the starting model (the "
                          "pools are filters: off, both train on the raw prompts).")
     experiment: str = Field("paper-tables", min_length=1, description="MLflow experiment name.")
@@ -115,9 +121,10 @@ class PaperTablesParams(FlowParams):
         return self
 
     def compare_params(self, pool: str) -> CompareParams:
-        """The pool's `compare`: every method and seed, no matched control, paired against grpo."""
+        """The pool's `compare`: every method and seed, the adaptive ones' budget-matched controls, paired against grpo."""
         return CompareParams(
             profile=self.profile, variants=self.methods, seeds=self.seeds, matched_grpo=False, reference="grpo", steps=self.steps,
+            controls=[m for m in self.methods if m in PAPER_ADAPTIVE] if self.controls else [],
             prompts_per_step=self.prompts_per_step, overrides={**self.overrides, **self.pools[pool]},
             curate=self.curate, experiment=self.experiment, resume=self.resume.get(pool),
             tracking_uri=self.tracking_uri,

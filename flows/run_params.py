@@ -201,6 +201,13 @@ class CompareParams(GroupSettings):
         description="Add GRPO with prompts_per_step sized to generate as many samples per step as Ada-balance "
         "(needs ada-balance in variants).",
     )
+    controls: list[Preset] = Field(
+        [], description="Variants that get budget-matched GRPO controls, each started once the variant's run of a "
+        "seed ends, with as many updates (steps) as it: `grpo-b.<variant>` = GRPO n = 4 over as many prompts a "
+        "step as generate its samples a step, `grpo-n.<variant>` = GRPO at n = its samples a prompt (rounded) "
+        "over its prompts. A control that is already a variant of the group (n = 8 is grpo-n8) is read from "
+        "that run, not run twice.",
+    )
     seeds: list[int] = Field([0], min_length=1, description="Training seeds.")
     regimes: list[Literal["default", "pool", "fresh"]] = Field(
         ["default"], min_length=1,
@@ -228,6 +235,10 @@ class CompareParams(GroupSettings):
             raise ValueError("matched_grpo: needs 'ada-balance' in variants (its samples per step set the budget)")
         if len(set(self.variants)) != len(self.variants):
             raise ValueError(f"variants: each preset once, got {self.variants}")
+        stray = [c for c in self.controls if c not in self.variants]
+        if stray:
+            raise ValueError(f"controls: {stray} are not among the variants {self.variants}: a control is sized "
+                             "from its variant's run")
         if len(set(self.regimes)) != len(self.regimes):
             raise ValueError(f"regimes: each regime once, got {self.regimes}")
         # The report pairs by label; a reference no child carries leaves Table C empty without a word.

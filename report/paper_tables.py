@@ -31,7 +31,7 @@ import numpy as np
 from ada_core import metrics as K
 from report.convergence import table_d
 from report.curves import RunCurves
-from report.paired import ci_cell, mean_ci, paired_differences, reference_for, value_at
+from report.paired import ci_cell, mean_ci, paired_differences, reference_for, shared_budget, value_at
 from report.pools import PoolRuns, read_pools
 
 TABLE_C_AXES = {"generated samples": K.BUDGET_GENERATED_SAMPLES_CUM, "trained tokens": K.BUDGET_TRAINED_TOKENS_CUM}
@@ -132,9 +132,85 @@ def table_c_rows(pool: PoolRuns, reference: str = "grpo") -> list[list[str]]:
             row = by_axis.get(axis)
             cells += [budget_cell([row["budget"]]) if row else "n/a",
                       diff_cell(row["mean_diff"], row["ci95"]) if row else "n/a"]
+            if axis == "generated samples":  # the updates each side had made there: equal samples are not equal updates
+                x = row["budget"] if row else math.nan
+                m_u = _mean(np.array([updates_at(r, x) for r in pool.of(method) if r.seed in row["counted_seeds"]])) \
+                    if row else math.nan
+                r_u = _mean(np.array([updates_at(r, x) for r in pool.of(ref) if r.seed in row["counted_seeds"]])) \
+                    if row else math.nan
+                cells.append("n/a" if math.isnan(m_u) else f"{m_u:.0f} / {r_u:.0f}")
         counted = by_axis[next(iter(TABLE_C_AXES))]["counted_seeds"] if by_axis else []
         out.append([method, ref, pool.seeds_cell(method, counted, ref), *cells])
     return out
+
+
+GRPO_BY_N = {4: "grpo", 8: "grpo-n8", 16: "grpo-n16"}  # the GRPO presets a control of n may coincide with
+CONTROL_KINDS = {"b": "GRPO n = 4 over as many prompts a step as match the samples",
+                 "n": "GRPO at n = the method's samples a prompt"}
+
+
+def updates_at(run: RunCurves, samples: float) -> float:
+    """The updates (training steps) `run` had made when its cumulative generated samples reached `samples`."""
+    return value_at(run, K.BUDGET_GENERATED_SAMPLES_CUM, samples, "step")
+
+
+def control_pairs(pool: PoolRuns, method: str, kind: str) -> dict[int, tuple[RunCurves, RunCurves]]:
+    """seed -> (the method's run, its budget-matched control of `kind`) in `pool`: the control's own run
+    (`grpo-b.<method>`, `grpo-n.<method>`), or for kind n the group's GRPO preset of that n where the control
+    coincided with it and was not run twice (flows/compare.py)."""
+    own = {r.seed: r for r in pool.of(f"grpo-{kind}.{method}")}
+    out = {}
+    for run in pool.of(method):
+        control = own.get(run.seed)
+        if control is None and kind == "n":
+            per_prompt = _mean(run.step_values(K.BUDGET_GENERATED_SAMPLES)) / float(run.config.get("prompts_per_step") or 1)
+            preset = GRPO_BY_N.get(max(2, int(math.floor(per_prompt + 0.5)))) if not math.isnan(per_prompt) else None
+            control = next((r for r in pool.of(preset or "") if r.seed == run.seed), None)
+        if control is not None:
+            out[run.seed] = (run, control)
+    return out
+
+
+def matched_rows(pool: PoolRuns) -> list[dict]:
+    """One row per (method, control kind) with a control in `pool`: the paired difference at equal generated
+    samples (every seed read at the row's one budget), the updates each side had made there, and the difference
+    at the read step (equal updates)."""
+    rows = []
+    for method in pool.labels:
+        for kind in CONTROL_KINDS:
+            pairs = control_pairs(pool, method, kind)
+            if not pairs:
+                continue
+            seeds = sorted(pairs)
+            x = shared_budget(list(pairs.values()), K.BUDGET_GENERATED_SAMPLES_CUM)
+            diffs = [value_at(m, K.BUDGET_GENERATED_SAMPLES_CUM, x) - value_at(c, K.BUDGET_GENERATED_SAMPLES_CUM, x)
+                     for m, c in pairs.values()]
+            at_step = [value_at(m, "step", pool.step) - value_at(c, "step", pool.step) for m, c in pairs.values()]
+            rows.append({
+                "method": method, "kind": kind, "control": sorted({c.label for _, c in pairs.values()}), "seeds": seeds,
+                "budget": x, "diffs": diffs, "ci": mean_ci(diffs), "step_ci": mean_ci(at_step),
+                "updates": (_mean(np.array([updates_at(m, x) for m, _ in pairs.values()])),
+                            _mean(np.array([updates_at(c, x) for _, c in pairs.values()]))),
+                "samples_per_step": (_mean(np.array([_mean(m.step_values(K.BUDGET_GENERATED_SAMPLES)) for m, _ in pairs.values()])),
+                                     _mean(np.array([_mean(c.step_values(K.BUDGET_GENERATED_SAMPLES)) for _, c in pairs.values()]))),
+            })
+    return rows
+
+
+def table_c_matched(runs_by_pool: dict[str, list[RunCurves]]) -> str:
+    """| pool | method | control | seeds | samples/step (method / control) | samples | updates (method / control) |
+    diff at equal samples | diff at the read step |: each adaptive method against the GRPO that spends what it
+    spends a step with as many updates."""
+    lines = ["| pool | method | control | seeds | samples/step | read at samples | updates there | diff (equal samples) "
+             "| diff (read step) |", "|" + "---|" * 9]
+    for pool in read_pools(runs_by_pool).values():
+        for row in matched_rows(pool):
+            m_s, c_s = row["samples_per_step"]
+            m_u, c_u = row["updates"]
+            lines.append(f"| {pool.name} | {row['method']} | {', '.join(row['control'])} ({row['kind']}) | "
+                         f"{len(row['seeds'])} | {m_s:,.0f} / {c_s:,.0f} | {budget_cell([row['budget']])} | "
+                         f"{m_u:.0f} / {c_u:.0f} | {diff_cell(*row['ci'])} | {diff_cell(*row['step_ci'])} |")
+    return "\n".join(lines)
 
 
 def table_c(runs_by_pool: dict[str, list[RunCurves]], reference: str = "grpo", pool_column: bool = True) -> str:
@@ -143,7 +219,7 @@ def table_c(runs_by_pool: dict[str, list[RunCurves]], reference: str = "grpo", p
     `pool_column=False` leaves the pool out, for a report of one group, where it says nothing (and its
     width pushed the table past a report's column)."""
     # short headers, so the table fits a report column; the caption says what a cell is
-    header = ["method", "vs", "seeds", "samples", "diff", "tokens", "diff"]
+    header = ["method", "vs", "seeds", "samples", "diff", "updates", "tokens", "diff"]
     header = ["pool", *header] if pool_column else header
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for pool in read_pools(runs_by_pool).values():
@@ -176,12 +252,29 @@ def paper_tables_markdown(runs_by_pool: dict[str, list[RunCurves]], reference: s
         "",
         table_b(runs_by_pool, reference),
         "",
-        f"### Table C: avg@k minus `{reference}`'s at equal budget (paired by seed, 95% t-interval; bold: the "
-        "interval excludes 0)",
+        "### Table C: each adaptive method against its budget-matched GRPO controls, at equal generated samples "
+        "and equal updates (paired by seed, 95% t-interval; bold: the interval excludes 0)",
+        "",
+        "Controls (flows/compare.py, started once the method's run of a seed ends, with as many steps): `b` = "
+        f"{CONTROL_KINDS['b']} (`grpo-b.<method>`); `n` = {CONTROL_KINDS['n']} over the same prompts a step "
+        "(`grpo-n.<method>`, or the grid's GRPO n = 4, 8, 16 run where it coincides). `samples/step`: the mean over "
+        "seeds, method / control; `read at samples`: the cumulative generated samples every seed of the row is read "
+        "at; `updates there`: the steps each side had made by then (method / control); `diff (equal samples)`: the "
+        "method's avg@k minus the control's there; `diff (read step)`: the same at the pool's read step, where both "
+        "made the same updates. A `b` control draws more prompts a step, so over a fixed pool it sees each prompt "
+        "more often than the method.",
+        "",
+        table_c_matched(runs_by_pool),
+        "",
+        f"### Table C': avg@k minus `{reference}`'s at equal budget, at UNEQUAL updates (paired by seed, 95% "
+        "t-interval; bold: the interval excludes 0)",
         "",
         "`samples` and `tokens`: the cumulative generated samples and trained tokens every seed of the row is read "
         "at (the smallest final budget any of the row's runs reached on that axis); `diff`: the method's avg@k minus "
-        "the reference's there, by linear interpolation of the eval curves (report/paired.py).",
+        f"the reference's there, by linear interpolation of the eval curves (report/paired.py); `updates`: the "
+        f"steps the method and `{reference}` had made at those samples (method / reference). A method that draws "
+        f"more samples a step is read here after fewer updates than `{reference}`: this column measures updates as "
+        "much as sampling; Table C is the comparison at equal samples and updates.",
         "",
         table_c(runs_by_pool, reference),
         "",

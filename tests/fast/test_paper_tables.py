@@ -11,7 +11,7 @@ import pytest
 
 from ada_core import metrics as K
 from report.curves import RunCurves, merge_rows
-from report.paper_tables import paper_tables_markdown, step_profile, table_a, table_b, table_c
+from report.paper_tables import paper_tables_markdown, step_profile, table_a, table_b, table_c, table_c_matched
 
 T95_2 = 4.302653  # t(0.975, 2 degrees of freedom)
 T95_1 = 12.706205  # t(0.975, 1 degree of freedom)
@@ -73,7 +73,7 @@ def test_a_partial_grid_names_the_seeds_it_lacks():
     text = paper_tables_markdown({"standard": pool()[:5]})
     table_a_part = text.split("### Table A")[1].split("### Table B")[0]
     assert row_of(table_a_part, "standard", "grpo-n8").endswith("| 0,1 (seed 2: no run) |")
-    table_c_part = text.split("### Table C")[1].split("### Table D")[0]
+    table_c_part = text.split("### Table C'")[1].split("### Table D")[0]
     assert row_of(table_c_part, "standard", "grpo-n8", "grpo").startswith(
         "| standard | grpo-n8 | grpo | 0,1 (seed 2: no run) |")
 
@@ -94,7 +94,7 @@ def test_table_c_pairs_by_seed_at_equal_samples_and_tokens_and_prints_the_budget
     # equal trained tokens: both train 8 a step, so the pairs are the final accuracies, +0.1 + 0.01 s
     half = T95_2 * 0.01 / math.sqrt(3)
     assert (f"| standard | grpo-n8 | grpo | 0,1,2 | 256 | **-0.110 [{-0.11 - half:+.3f}, {-0.11 + half:+.3f}]** "
-            f"| 16 | **+0.110 [{0.11 - half:+.3f}, {0.11 + half:+.3f}]** |") in text
+            f"| 1 / 2 | 16 | **+0.110 [{0.11 - half:+.3f}, {0.11 + half:+.3f}]** |") in text
 
 
 def test_table_c_reads_every_seed_of_a_row_at_one_budget():
@@ -133,3 +133,22 @@ def test_markdown_says_where_each_pool_is_read_and_holds_all_four_tables():
     assert "- pool `hard`: read at step 2, the last evaluation of its longest runs; 6 runs reach it\n" in text
     for title in ("### Table A", "### Table B", "### Table C", "### Table D"):
         assert title in text
+
+
+def test_table_c_matched_reads_each_method_against_its_controls_at_equal_samples_and_updates():
+    """ada draws 256 samples a step (8 a prompt over 32); its controls: grpo-b.ada (n = 4 over 64 prompts, its own
+    run) and, for n = 8, the grid's grpo-n8 run (the control coincided with it and was not run twice). Both
+    controls spend what ada spends a step, so at ada's final 512 samples each side made 2 updates."""
+    def cfg(r):
+        r.config = {"prompts_per_step": 32}
+        return r
+    ada = [cfg(run("ada", s, [0.1, 0.3, 0.52 + 0.01 * s], 256, 2.0)) for s in (0, 1, 2)]
+    by_prompts = [cfg(run("grpo-b.ada", s, [0.1, 0.3, 0.50], 256, 2.0)) for s in (0, 1, 2)]
+    text = table_c_matched({"standard": pool() + ada + by_prompts})
+    half = T95_2 * 0.01 / math.sqrt(3)
+    assert (f"| standard | ada | grpo-b.ada (b) | 3 | 256 / 256 | 512 | 2 / 2 | **+0.030 [{0.03 - half:+.3f}, "
+            f"{0.03 + half:+.3f}]** |") in text
+    # n = 256 / 32 = 8: grpo-n8's run of each seed is the control (0.5 + 0.02 s)
+    row = row_of(text, "standard", "ada", "grpo-n8 (n)")
+    assert row.startswith("| standard | ada | grpo-n8 (n) | 3 | 256 / 256 | 512 | 2 / 2 | +0.010 [")
+    assert "| standard | grpo |" not in text  # GRPO has no controls
