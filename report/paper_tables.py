@@ -165,7 +165,8 @@ def control_pairs(pool: PoolRuns, method: str, kind: str) -> dict[int, tuple[Run
         if control is None and kind == "n":
             per_prompt = _mean(run.step_values(K.BUDGET_GENERATED_SAMPLES)) / float(run.config.get("prompts_per_step") or 1)
             preset = GRPO_BY_N.get(max(2, int(math.floor(per_prompt + 0.5)))) if not math.isnan(per_prompt) else None
-            control = next((r for r in pool.of(preset or "") if r.seed == run.seed), None)
+            if preset != method:  # GRPO is no control of itself
+                control = next((r for r in pool.of(preset or "") if r.seed == run.seed), None)
         if control is not None:
             out[run.seed] = (run, control)
     return out
