@@ -22,7 +22,8 @@ from flows.run_params import CompareParams
 # The paper grid by scale profile: the `paper-tables` form's defaults and benchmarks/paper_tables.py's. Both pools
 # come from the same raw `a+b=` prompts and the same SFT start, so they differ only by the filter.
 # - testbed (the default; docs/benchmarks/testbed.md): the profile's own sizes and band (1-5 correct of 16),
-#   fresh prompts every step, 1,024 held out and 256 for validation; hard = 1-2 correct of 16; 5 seeds.
+#   fresh prompts every step, 1,024 held out and 256 for validation; hard = 1-2 correct of 16; revisit = the
+#   standard band over a fixed pool of 640 training prompts, 5 epochs; 5 seeds.
 # - tiny (docs/benchmarks/paper-tables.md): 8,192 raw prompts, 512 held out, a fixed pool of 256 reused over
 #   epochs as in the paper; standard = the tiny curation (k 8, 0 < p <= 0.875); 3 seeds.
 PAPER_METHODS = ["grpo", "grpo-n8", "grpo-n16", "dapo", "ada-pos", "ada-balance", "ada-est"]
@@ -30,11 +31,15 @@ PAPER_METHODS = ["grpo", "grpo-n8", "grpo-n16", "dapo", "ada-pos", "ada-balance"
 PAPER_ADAPTIVE = ["dapo", "ada-pos", "ada-balance", "ada-est"]
 PAPER_RAW_POOL = 8192  # the tiny grid's raw prompts; the hard filter keeps enough of it
 PAPER_HELD_OUT = 512
+REVISIT_POOL = 640  # the testbed's revisit pool: 640 curated training prompts, 5 epochs in 100 steps of 32
 PAPER_GRIDS: dict[str, dict[str, Any]] = {
     "testbed": {
         "seeds": [0, 1, 2, 3, 4],
         "overrides": {"checkpoint_every": 0},  # only the final checkpoint: a killed run reruns
-        "pools": {"standard": {}, "hard": {"data.keep_pass_rate": [1 / 16, 2 / 16]}},
+        # revisit: the standard band, a fixed pool of 640 training prompts reused for 5 epochs (100 x 32 draws), as
+        # the paper's pool is: the regime where a prompt's history (Est's EMA, the budgeted samplers) has visits.
+        "pools": {"standard": {}, "hard": {"data.keep_pass_rate": [1 / 16, 2 / 16]},
+                  "revisit": {"data.train_pool": REVISIT_POOL}},
     },
     "tiny": {
         "seeds": [0, 1, 2],

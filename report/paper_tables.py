@@ -286,7 +286,9 @@ def paper_tables_markdown(runs_by_pool: dict[str, list[RunCurves]], reference: s
         "evaluation at or above it, interpolated linearly in steps and in generated samples from the one before; "
         f"a run that never reaches it counts as not reached; `{reference}`'s own crossing is its read step (its "
         f"whole run, as the paper reads faster convergence). Speed-up: `{reference}`'s crossing / the method's, "
-        "per seed where the method reached it after step 0 (report/convergence.py).",
+        "per seed where the method reached it after step 0 (report/convergence.py). The target cell gives "
+        f"`{reference}`'s gain over its last evaluation interval: where it is small, the target is crossed where "
+        f"`{reference}`'s curve is flat, and a speed-up says where a flat curve is crossed rather than how fast.",
         "",
         table_d(runs_by_pool, reference),
         "",

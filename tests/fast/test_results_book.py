@@ -1,47 +1,41 @@
-"""The results book: docs/BENCHMARKS.md is a front page of claims, each with its command and a topic page under
-docs/benchmarks/ that holds the number exactly as the row gives it; every topic page is reachable from it."""
+"""The results book says what its numbers say: every ordering and every claim verdict in the testbed pages is
+written from the committed saved runs (report/claims.py), and these tests write them again and compare."""
 
 from __future__ import annotations
 
-import re
+import math
 from pathlib import Path
 
+import pytest
+
+from report.claims import BEGIN, END, PAPER_NAMES, blocks_in, book_blocks, interval, relation, sentence
+
 ROOT = Path(__file__).resolve().parents[2]
-FRONT = ROOT / "docs" / "BENCHMARKS.md"
-PAGES = ROOT / "docs" / "benchmarks"
-NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
-LINK = re.compile(r"\]\((benchmarks/[\w.-]+\.md)\)")
+BOOK = [ROOT / "docs" / "benchmarks" / "testbed.md", ROOT / "docs" / "BENCHMARKS.md"]
 
 
-def claim_rows() -> list[list[str]]:
-    """The cells of every claim row of the front page's tables (header and separator rows left out)."""
-    rows = []
-    for line in FRONT.read_text().splitlines():
-        cells = [cell.strip() for cell in line.strip().strip("|").split(" | ")]
-        if line.startswith("| ") and len(cells) == 6 and cells[0] != "Claim":
-            rows.append(cells)
-    return rows
+def test_above_and_below_only_where_the_interval_excludes_zero():
+    assert relation(0.013, 0.006) == "above"
+    assert relation(-0.013, 0.006) == "below"
+    assert relation(0.005, 0.006) == "tie"  # n16 - DAPO +0.005 [-0.001, +0.011] is a tie
+    assert relation(0.01, math.nan) == "tie"  # one seed: no interval, no ordering
+    text = sentence({"a": "grpo-n16", "b": "dapo", "mean": 0.005, "half": 0.006, "seeds": [0, 1, 2, 3, 4], "step": 100})
+    assert text == "GRPO n = 16 ties with DAPO: +0.005 [-0.001, +0.011] (seeds 0,1,2,3,4, step 100)"
+    assert interval(0.0031, 0.0029) == "+0.003 [+0.0002, +0.006]"  # a bound that rounds to 0 keeps its sign
 
 
-def test_every_claim_names_its_number_command_date_and_page():
-    rows = claim_rows()
-    assert len(rows) >= 20 and len(FRONT.read_text().splitlines()) <= 250
-    for claim, today, anchor, command, machine_date, page in rows:
-        pages = LINK.findall(page)
-        assert pages and all((FRONT.parent / p).is_file() for p in pages), (claim, page)
-        assert "`" in command or "same command" in command, (claim, command)
-        assert re.search(r"20\d\d-\d\d-\d\d", machine_date), (claim, machine_date)
-        text = "\n".join((FRONT.parent / p).read_text() for p in pages)
-        missing = [n for n in NUMBER.findall(today) if n not in text]
-        assert not missing, f"{claim}: {missing} of `{today}` are not on {pages}"
+@pytest.mark.parametrize("page", BOOK, ids=lambda p: p.name)
+def test_every_generated_block_of_the_book_is_what_the_saved_runs_give(page):
+    text = page.read_text()
+    blocks = blocks_in(text)
+    for name, (files, body) in blocks.items():
+        assert files, f"{page.name}: block {name} names no saved-runs file"
+        expected = book_blocks([ROOT / f for f in files], list(PAPER_NAMES))[name]
+        assert body == expected, (f"{page.name}: block {name} is not what {files} give: run "
+                                  f"`.venv/bin/python -m report.claims {' '.join(files)}` and paste its block")
 
 
-def test_every_topic_page_is_on_the_front_page_and_says_where_it_ran():
-    linked = set(LINK.findall(FRONT.read_text()))
-    for page in sorted(PAGES.glob("*.md")):
-        assert f"benchmarks/{page.name}" in linked, page.name
-        text = page.read_text()
-        assert text.startswith("# ") and re.search(r"20\d\d-\d\d-\d\d", text), page.name
-        history = text.split("\n## History\n", 1)
-        if len(history) == 2:  # what a result replaced: after the current one, each part headed by its date
-            assert re.findall(r"^### 20\d\d-\d\d-\d\d", history[1], re.M), page.name
+def test_the_testbed_page_has_its_generated_orderings_and_claims():
+    blocks = blocks_in(BOOK[0].read_text())
+    assert {"orderings", "claims"} <= set(blocks)
+    assert BEGIN.startswith("<!-- claims:begin") and END == "<!-- claims:end -->"

@@ -38,14 +38,20 @@ def test_smoke_grid_writes_the_three_tables_on_both_parents(prefect_harness, ada
         assert title in markdown
     # every pool read at its runs' last evaluation (step 2), which every row states
     for pool in ("standard", "hard"):
-        assert f"- pool `{pool}`: read at step 2, the last evaluation of its longest runs; 2 runs reach it\n" in markdown
+        assert f"- pool `{pool}`: read at step 2, the last evaluation of its longest runs; 4 runs reach it\n" in markdown
     # Table A: one row per pool and method, at step 2; Table C pairs ada-est with grpo in each pool at a
     # printed budget; Table D reads both against grpo's final accuracy
     table_a = markdown.split("### Table A")[1].split("### Table B")[0]
     assert "| pool | method | step | generated samples (mean) | trained tokens (mean) | avg@k | pass@k | seeds |" in table_a
     assert "| standard | grpo | 2 | 32 |" in table_a and "| hard | ada-est | 2 |" in table_a  # 2 steps x 4 prompts x 4
-    table_c = markdown.split("### Table C")[1].split("### Table D")[0]
-    assert "| standard | ada-est | grpo | 0 |" in table_c and "| hard | ada-est | grpo | 0 |" in table_c
+    # Table C: ada-est (8 samples a prompt over 4 prompts) against its budget-matched controls, started once its
+    # run ended: GRPO n = 4 over 8 prompts and GRPO n = 8 over 4, each with 2 updates; C' against grpo
+    table_c = markdown.split("### Table C:")[1].split("### Table C'")[0]
+    for pool in ("standard", "hard"):
+        assert f"| {pool} | ada-est | grpo-b.ada-est (b) | 1 | 32 / 32 | 64 | 2 / 2 |" in table_c
+        assert f"| {pool} | ada-est | grpo-n.ada-est (n) | 1 | 32 / 32 | 64 | 2 / 2 |" in table_c
+    table_c_prime = markdown.split("### Table C'")[1].split("### Table D")[0]
+    assert "| standard | ada-est | grpo | 0 |" in table_c_prime and "| hard | ada-est | grpo | 0 |" in table_c_prime
     table_b = markdown.split("### Table B")[1].split("### Table C")[0]
     assert "| standard | grpo | 1-2 |" in table_b and "(×1.00)" in table_b  # grpo is its own reference
     table_d = markdown.split("### Table D")[1]
@@ -56,7 +62,10 @@ def test_smoke_grid_writes_the_three_tables_on_both_parents(prefect_harness, ada
         parent = client.get_run(parent_id)
         assert parent.data.tags["ada.flow"] == "compare"
         children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'")
-        assert sorted(r.info.run_name.split(STUDY_SEPARATOR)[0] for r in children) == ["ada-est-s0", "grpo-s0"]
+        assert sorted(r.info.run_name.split(STUDY_SEPARATOR)[0] for r in children) == [
+            "ada-est-s0", "grpo-b.ada-est-s0", "grpo-n.ada-est-s0", "grpo-s0"]
+        assert {"control_prompts_ada-est_s0", "control_n_ada-est_s0"} <= set(parent.data.params)
+        assert (parent.data.params["control_prompts_ada-est_s0"], parent.data.params["control_n_ada-est_s0"]) == ("8", "8")
         artifacts = {a.path for a in client.list_artifacts(parent_id, "report")}
         assert "report/paper_tables.md" in artifacts and "report/report.md" in artifacts
         report = Path(client.download_artifacts(parent_id, "report/report.md", str(tmp_path / pool)))
