@@ -1,7 +1,8 @@
 """Algorithm presets, scale profiles, and how a config is built from them.
 
-Algorithm presets (`grpo`, `grpo-n8`, `grpo-n16`, `dapo`, `ada-pos`, `ada-balance`, `ada-est`, ...) say
-*what* algorithm runs; scale profiles (`tiny`, `testbed`, `smollm2-135m`, `paper`) say *how big*: prompts per step, lengths and learning
+Algorithm presets (`grpo`, `grpo-n8`, `grpo-n16`, `dapo`, `ada-pos`, `ada-balance`, `ada-est`, ..., and those a
+registered sampler brings: `register_sampler(presets=...)`, docs/SAMPLERS.md) say *what* algorithm runs;
+scale profiles (`tiny`, `testbed`, `smollm2-135m`, `paper`) say *how big*: prompts per step, lengths and learning
 rate suit a model size, and the paper's values do not suit a tiny model. `build_config` layers
 defaults < scale profile < preset < config file < `--set` overrides, then validates (schema.py).
 """
@@ -29,8 +30,14 @@ ALGORITHM_FIELDS = (
     "sampler.exit_rule",
     "sampler.max_gen_batches",
     "sampler.allocation",
+    "sampler.options",  # a registered sampler's own fields (ada_core/sampling/registry.py), each under it
     "advantage.name",
 )
+
+
+def is_algorithm_field(dotted: str) -> bool:
+    """Whether a dotted config field is one of ALGORITHM_FIELDS or inside one (`sampler.options.k`)."""
+    return dotted in ALGORITHM_FIELDS or any(dotted.startswith(f"{field}.") for field in ALGORITHM_FIELDS)
 
 # Each preset sets only what defines the algorithm; the comment on each value gives its source. Weight
 # decay is the shared default, 0 (ref Ada): verl's GRPO script uses 0.01, but giving it to the GRPO and
@@ -240,9 +247,12 @@ def build_config(
     is besides its config (`run_facts`: does it curate, on which device); a set field whose applicability
     needs a fact not given is refused, never taken as read.
     """
+    from ada_core.sampling.registry import preset_names  # loads the sampler plugins, which bring presets too
+
     given: dict[str, Any] = {}
-    if preset not in PRESETS:
-        raise ConfigError(f"preset: unknown {preset!r}; choose from {sorted(PRESETS)}")
+    if preset not in preset_names():
+        raise ConfigError(f"preset: unknown {preset!r}; choose from {sorted(PRESETS)} (a sampler of your own brings its "
+                          "presets once its module is named in $ADA_SAMPLERS or an entry point; docs/SAMPLERS.md)")
     if profile not in PROFILES:
         raise ConfigError(f"profile: unknown {profile!r}; choose from {sorted(PROFILES)}")
     merged = deep_merge(PROFILES[profile], PRESETS[preset])
