@@ -27,6 +27,7 @@ class SamplerConfig(_Strict):
     )
     options: dict[str, Any] = Field(
         {},
+        validate_default=True,  # a plugin's defaults are filled in (and logged) when no option is given
         description="The options of a registered sampler of your own (`register_sampler(name, options=...)`; "
         "docs/SAMPLERS.md), validated by its options model, defaults filled in; logged as `sampler.options.<field>`. "
         "The built-in samplers take none: their fields are the ones here.",
