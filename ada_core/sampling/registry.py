@@ -41,7 +41,7 @@ from ada_core.errors import ConfigError
 
 ENTRY_POINT_GROUP = "ada_platform.samplers"
 PLUGINS_ENV = "ADA_SAMPLERS"
-# The methods `make_sampler`'s caller uses on every sampler (docs/SAMPLERS.md, `ada_core.protocols.Sampler`).
+# The methods of `ada_core.protocols.Sampler`, which every registered class must have (docs/SAMPLERS.md).
 REQUIRED_METHODS = ("sample", "state_dict", "load_state_dict", "close")
 # What a registered preset may set besides `sampler.name`: the algorithm (ada_core/config/presets.py ALGORITHM_FIELDS).
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -96,8 +96,10 @@ def register_sampler(name: str, *, options: type[SamplerOptions] | None = None,
 
     def wrap(cls: type) -> type:
         origin = f"{cls.__module__}:{cls.__qualname__}"
-        missing = [m for m in REQUIRED_METHODS if not callable(getattr(cls, m, None))]
-        if not isinstance(cls, type) or missing:
+        from ada_core.protocols import Sampler
+
+        missing = [m for m in REQUIRED_METHODS if m not in dir(cls)]
+        if not isinstance(cls, type) or not issubclass(cls, Sampler):
             raise PluginError(f"register_sampler({name!r}) on {origin}: a sampler is a class with "
                               f"{', '.join(REQUIRED_METHODS)}; it lacks {', '.join(missing) or 'being a class'}")
         if options is not None:
