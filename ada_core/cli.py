@@ -76,7 +76,7 @@ def simulate(
 
 def _load_sampler_plugins() -> None:
     """Import the registered sampler plugins ($ADA_SAMPLERS, entry points); a broken one exits 2 in one line."""
-    from ada_core.sampling.registry import PluginError, load_plugins
+    from ada_core.config.registry import PluginError, load_plugins
 
     try:
         load_plugins()

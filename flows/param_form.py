@@ -21,9 +21,9 @@ from ada_core.config import PROFILES, ConfigError, TrainConfig, flatten_dotted
 
 
 def check_preset(name: str) -> str:
-    """A preset of the platform or of a registered sampler (ada_core/sampling/registry.py), else a ValueError
+    """A preset of the platform or of a registered sampler (ada_core/config/registry.py), else a ValueError
     listing them."""
-    from ada_core.sampling.registry import preset_names
+    from ada_core.config.presets import preset_names
 
     choices = preset_names()
     if name not in choices:
@@ -42,7 +42,7 @@ class _PresetChoices:
 
     @classmethod
     def __get_pydantic_json_schema__(cls, schema: Any, handler: Any) -> dict[str, Any]:
-        from ada_core.sampling.registry import preset_names
+        from ada_core.config.presets import preset_names
 
         return {"type": "string", "enum": preset_names()}
 
@@ -130,10 +130,10 @@ def option_fields(key: str) -> list[Any]:
     """The pydantic fields named by `sampler.options.<field>` in the registered samplers' options models (one per
     sampler that has such an option: which applies depends on the preset, and building the config checks it),
     or a ValueError naming the key and every option there is."""
-    from ada_core.sampling.registry import get_sampler, sampler_names
+    from ada_core.config.registry import specs
 
     option = key.removeprefix(OPTIONS_PREFIX)
-    models = [spec.options for spec in map(get_sampler, sampler_names()) if spec.options is not None]
+    models = [spec.options for spec in specs() if spec.options is not None]
     found = [model.model_fields[option] for model in models if option in model.model_fields]
     if not found:
         known = sorted({f"{OPTIONS_PREFIX}{name}" for model in models for name in model.model_fields})
@@ -154,9 +154,9 @@ def override_keys(exclude: dict[str, str] | None = None) -> list[str]:
                 walk(field.annotation, f"{prefix}{name}.")
 
     walk(TrainConfig, "")
-    from ada_core.sampling.registry import get_sampler, sampler_names
+    from ada_core.config.registry import specs
 
-    for spec in map(get_sampler, sampler_names()):  # a registered sampler's own options (sampler.options.<field>)
+    for spec in specs():  # a registered sampler's own options (sampler.options.<field>)
         keys += [f"{OPTIONS_PREFIX}{name}" for name in (spec.options.model_fields if spec.options else ())]
     return sorted(k for k in set(keys) if k not in (exclude or {}))
 

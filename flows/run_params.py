@@ -11,7 +11,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from ada_core.config import PRESETS, ConfigError, TrainConfig, build_config, flatten_dotted
-from ada_core.sampling.registry import reads_option
+from ada_core.config.registry import reads_option
 from flows.param_form import (
     Engine,
     FlowParams,

@@ -185,7 +185,7 @@ class SamplerConfig(_Strict):
     @field_validator("name")
     @classmethod
     def _registered(cls, name: str) -> str:
-        from ada_core.sampling.registry import get_sampler
+        from ada_core.config.registry import get_sampler
 
         get_sampler(name)  # unknown: ConfigError naming sampler.name and the registered samplers
         return name
@@ -193,7 +193,7 @@ class SamplerConfig(_Strict):
     @field_validator("options")
     @classmethod
     def _options_of_the_sampler(cls, options: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        from ada_core.sampling.registry import check_options
+        from ada_core.config.registry import check_options
 
         name = info.data.get("name")
         return options if name is None else check_options(name, options)  # no name: its own error is reported

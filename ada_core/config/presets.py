@@ -30,7 +30,7 @@ ALGORITHM_FIELDS = (
     "sampler.exit_rule",
     "sampler.max_gen_batches",
     "sampler.allocation",
-    "sampler.options",  # a registered sampler's own fields (ada_core/sampling/registry.py), each under it
+    "sampler.options",  # a registered sampler's own fields (ada_core/config/registry.py), each under it
     "advantage.name",
 )
 
@@ -151,6 +151,22 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 
 
+def preset_names() -> list[str]:
+    """Every preset: the platform's, then those registered samplers bring (`register_sampler(presets=...)`,
+    ada_core/config/registry.py), added to PRESETS as the plugins load. A plugin's preset named like another
+    sampler's is a `PluginError`."""
+    from ada_core.config.registry import PluginError, specs
+
+    for spec in specs():  # loads the plugins
+        for name, preset in spec.presets.items():
+            owner = PRESETS.get(name, preset)["sampler"]["name"]
+            if owner != spec.name:
+                raise PluginError(f"register_sampler({spec.name!r}) preset {name!r}: a preset of that name exists "
+                                  f"(sampler {owner!r}); choose another name")
+            PRESETS[name] = preset
+    return list(PRESETS)
+
+
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(base)
     for key, value in override.items():
@@ -247,8 +263,6 @@ def build_config(
     is besides its config (`run_facts`: does it curate, on which device); a set field whose applicability
     needs a fact not given is refused, never taken as read.
     """
-    from ada_core.sampling.registry import preset_names  # loads the sampler plugins, which bring presets too
-
     given: dict[str, Any] = {}
     if preset not in preset_names():
         raise ConfigError(f"preset: unknown {preset!r}; choose from {sorted(PRESETS)} (a sampler of your own brings its "

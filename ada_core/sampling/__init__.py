@@ -1,7 +1,5 @@
 """How a step's groups are drawn, and what that costs.
 
-- `registry`: every sampler by name (`register_sampler`, plugins from entry points and $ADA_SAMPLERS);
-  docs/SAMPLERS.md says how to write one.
 - `samplers`: GRPO, DAPO, Reinforce-Ada and the budgeted sampler; read it top to bottom to learn Reinforce-Ada.
 - `rounds`: the primitives they share (one engine call plus the verifier, exit rules, downsampling).
 - `streaming`: Ada without round barriers (`sampler.schedule: streaming`).
@@ -27,7 +25,7 @@ from ada_core.sampling.rounds import (
     check_prompts,
     finish_batch,
 )
-from ada_core.sampling.registry import (
+from ada_core.config.registry import (
     SamplerOptions,
     SamplerSpec,
     PluginError,

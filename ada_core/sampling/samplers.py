@@ -48,7 +48,7 @@ from ada_core.sampling.allocation import (EstHistory, PromptHistory, est_allocat
                                          mixed_prob, select_prompts, step_budget)
 from ada_core.sampling.rounds import (DOWNSAMPLERS, allocate_round, check_prompts, draw_and_score, finish_batch, has_exited,
                                      make_group)
-from ada_core.sampling.registry import get_sampler, register_sampler
+from ada_core.config.registry import get_sampler, register_sampler
 from ada_core.sampling.step_metrics import StepClock
 from ada_core.sampling.stream_session import StreamSession, run_streaming
 
@@ -422,6 +422,6 @@ class EstSampler(_KeepsHistory):
 
 
 def make_sampler(sampler_cfg: SamplerConfig, advantage_cfg: AdvantageConfig) -> Sampler:
-    """The sampler registered as `sampler_cfg.name` (ada_core/sampling/registry.py), built-in or a plugin;
+    """The sampler registered as `sampler_cfg.name` (ada_core/config/registry.py), built-in or a plugin;
     call `.sample(prompts, engine, verifier, sampling, rng, source)`."""
     return get_sampler(sampler_cfg.name).cls(sampler_cfg, advantage_cfg)

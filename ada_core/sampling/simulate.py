@@ -243,8 +243,8 @@ def default_methods() -> dict[str, object]:
 def registered_methods() -> dict[str, object]:
     """Every preset of a sampler registered from outside the platform (a plugin; docs/SAMPLERS.md), by preset
     name: its sampler and advantage sections over the defaults, as `ada train --preset` builds them."""
-    from ada_core.config.presets import PRESETS
-    from ada_core.sampling.registry import get_sampler, preset_names
+    from ada_core.config.presets import PRESETS, preset_names
+    from ada_core.config.registry import get_sampler
 
     methods: dict[str, object] = {}
     for preset in preset_names():

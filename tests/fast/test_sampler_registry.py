@@ -1,4 +1,4 @@
-"""The public sampler API (ada_core/sampling/registry.py; docs/SAMPLERS.md): a sampler registered by name is
+"""The public sampler API (ada_core/config/registry.py; docs/SAMPLERS.md): a sampler registered by name is
 chosen, validated, built, listed and logged like the platform's own, and a bad one is refused in one line.
 
 Every test that registers a sampler restores the registry and the presets after it (`clean_registry`).
@@ -22,7 +22,8 @@ from ada_core.config import PRESETS, AdvantageConfig, ConfigError, SamplerConfig
 from ada_core.protocols import SamplingParams
 from ada_core.sampling import (AdaSampler, EstSampler, FixedSampler, PluginError, SamplerOptions, finish_batch,
                                get_sampler, make_sampler, options_of, register_sampler, sampler_names)
-from ada_core.sampling import registry
+from ada_core.config import registry
+from ada_core.config.presets import preset_names
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "second_chance.py"
@@ -163,8 +164,9 @@ def test_a_built_in_sampler_refuses_options():
 @pytest.mark.parametrize("kwargs, message", [
     ({"name": "Bad-Name"}, "a sampler name is lower-case letters"),
     ({"options": dict}, "options must be a subclass of ada_core.sampling.SamplerOptions"),
-    ({"presets": {"p": {"optim": {"lr": 1.0}}}}, "preset 'p': sets optim.lr, which is not an algorithm field"),
-    ({"presets": {"grpo": {}}}, "preset 'grpo': a preset of that name exists \\(sampler 'fixed'\\)"),
+    ({"presets": {"p": {"optim": {"lr": 1.0}}}}, "preset 'p': sets optim.lr; a preset sets only sampler.n, "
+                                                 "sampler.options, advantage.name"),
+    ({"presets": {"p": {"sampler": {"exit_rule": "pos"}}}}, "preset 'p': sets sampler.exit_rule; a preset sets"),
     ({"presets": {"p": {"sampler": {"name": "ada"}}}}, "preset 'p': sets sampler.name='ada'"),
 ])
 def test_a_bad_registration_is_refused_in_one_line(kwargs, message):
@@ -173,20 +175,31 @@ def test_a_bad_registration_is_refused_in_one_line(kwargs, message):
     assert "\n" not in str(err.value)
 
 
+def test_a_preset_named_like_another_is_refused_naming_whose_it_is():
+    define("take_k", presets={"grpo": {}})
+    with pytest.raises(PluginError, match=r"^register_sampler\('take_k'\) preset 'grpo': a preset of that name exists "
+                                          r"\(sampler 'fixed'\); choose another name$"):
+        build_config("grpo", "tiny")
+    registry._SAMPLERS.pop("take_k")
+    define("take_k", presets={"mine": {}})
+    with pytest.raises(PluginError, match="preset 'mine': sampler 'take_k' registered a preset of that name"):
+        define("other", presets={"mine": {}})
+
+
 def test_an_option_without_a_description_and_a_class_without_the_contract_are_refused():
     class Bare(SamplerOptions):
         k: int = 1
 
     with pytest.raises(PluginError, match="option 'k' of Bare has no description"):
         define(options=Bare)
-    with pytest.raises(PluginError, match="a sampler is a class with sample, state_dict, load_state_dict, close; "
-                                          "it lacks state_dict, load_state_dict, close"):
+    with pytest.raises(PluginError, match=r"a sampler is a class with sample, state_dict, load_state_dict, close "
+                                          r"\(ada_core.protocols.Sampler\); it lacks state_dict, load_state_dict, close"):
         register_sampler("half")(type("Half", (), {"sample": lambda self: None}))
 
 
 def test_ada_samplers_names_a_file_or_module_and_a_broken_one_is_named(monkeypatch):
     monkeypatch.setenv(registry.PLUGINS_ENV, str(EXAMPLE))
-    assert "second_chance" in sampler_names() and "second-chance" in registry.preset_names()
+    assert "second_chance" in sampler_names() and "second-chance" in preset_names()
     monkeypatch.setenv(registry.PLUGINS_ENV, f"{EXAMPLE}, no_such_module_here")
     with pytest.raises(PluginError, match=r"^\$ADA_SAMPLERS item 'no_such_module_here' failed to load: "
                                           r"ModuleNotFoundError: No module named 'no_such_module_here'$"):
@@ -290,3 +303,9 @@ def test_a_broken_entry_point_is_one_line_and_exit_2(tmp_path):
     assert out.returncode == 2
     assert out.stderr == ("error: sampler plugin entry point 'myplug' (myplug, group ada_platform.samplers) failed to "
                           "load: RuntimeError: half-written plugin\n")
+
+
+def test_what_a_registered_preset_may_set_is_part_of_the_algorithm():
+    from ada_core.config import ALGORITHM_FIELDS
+
+    assert set(registry.PRESET_FIELDS) <= set(ALGORITHM_FIELDS)

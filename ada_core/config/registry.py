@@ -11,15 +11,19 @@
 `sampler.name: topk` then selects it like `fixed` or `ada`; its options are the config's `sampler.options`,
 validated by `TopKOptions` (an unknown or bad option fails naming `sampler.options.<field>`); each preset it
 registers is a variant of `ada train --preset`, `ada simulate`, the flows' forms, compare, sweep and the
-paper grid. docs/SAMPLERS.md gives the contract (what `sample` returns; state for resume; what the platform
-computes) and a worked example (examples/second_chance.py).
+paper grid (ada_core/config/presets.py `preset_names` adds them to PRESETS). docs/SAMPLERS.md gives the
+contract (`ada_core.protocols.Sampler`) and a worked example (examples/second_chance.py).
 
 Where plugins come from, loaded lazily the first time the registry is read (`load_plugins`):
-- the entry-point group `ada_platform.samplers` of every installed package: `name = package.module` (or
-  `package.module:Class`), where the module registers a sampler called `name`;
+- the entry-point group `ada_platform.samplers` of every installed package (read once per process):
+  `name = package.module` (or `package.module:Class`), where the module registers a sampler called `name`;
 - `$ADA_SAMPLERS`: comma-separated module names (importable from `sys.path`) or paths to `.py` files.
 A plugin that fails to import, or registers nothing under its entry point's name, is a `PluginError`
-naming the entry point or the `$ADA_SAMPLERS` item, in one line.
+naming the entry point or the `$ADA_SAMPLERS` item, in one line (the CLI exits 2).
+
+The registry sits in the config layer, under the schema that validates `sampler.name` and `sampler.options`:
+it knows the built-in samplers' names from the start (`BUILTIN`), and their classes once
+ada_core/sampling/samplers.py registers them, through the same decorator.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +45,13 @@ from ada_core.errors import ConfigError
 
 ENTRY_POINT_GROUP = "ada_platform.samplers"
 PLUGINS_ENV = "ADA_SAMPLERS"
-# The methods of `ada_core.protocols.Sampler`, which every registered class must have (docs/SAMPLERS.md).
-REQUIRED_METHODS = ("sample", "state_dict", "load_state_dict", "close")
-# What a registered preset may set besides `sampler.name`: the algorithm (ada_core/config/presets.py ALGORITHM_FIELDS).
+# The built-in samplers, by name: their classes register from here when ada_core.sampling is imported.
+BUILTIN = {name: f"ada_core.sampling.samplers:{cls}" for name, cls in (
+    ("fixed", "FixedSampler"), ("dynamic_filter", "DynamicFilterSampler"), ("ada", "AdaSampler"),
+    ("budgeted", "BudgetedSampler"), ("est", "EstSampler"))}
+# What a registered sampler's preset may set: the algorithm fields (ada_core/config/presets.py ALGORITHM_FIELDS)
+# a sampler of one's own reads; the other algorithm fields belong to built-in samplers.
+PRESET_FIELDS = ("sampler.n", "sampler.options", "advantage.name")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _PRESET_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 
@@ -59,22 +67,25 @@ class SamplerOptions(_Strict):
 
 @dataclass(frozen=True)
 class SamplerSpec:
-    """One registered sampler: its name (`sampler.name`), class, options model and where it was defined."""
+    """One registered sampler: its name (`sampler.name`), class, options model, presets and origin."""
 
     name: str
-    cls: type
+    cls: type | None
+    """None only for a built-in sampler whose module is not imported yet."""
     options: type[SamplerOptions] | None
     origin: str
     """`module:Class`, for messages."""
-    source: str | None
-    """The file that defined the class (the same class loaded twice, by module and by path, is one sampler)."""
+    source: str | None = None
+    """The file that defined the class: the same class loaded twice (by module and by path) is one sampler."""
+    presets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Preset name -> its settings, `sampler.name` included (PRESETS' form)."""
 
     @property
     def builtin(self) -> bool:
-        return self.cls.__module__.startswith("ada_core.")
+        return self.origin.startswith("ada_core.")
 
 
-_SAMPLERS: dict[str, SamplerSpec] = {}
+_SAMPLERS: dict[str, SamplerSpec] = {name: SamplerSpec(name, None, None, origin) for name, origin in BUILTIN.items()}
 _LOADED: set[str] = set()  # entry points and $ADA_SAMPLERS items already imported
 _ENTRY_POINTS: list[importlib.metadata.EntryPoint] | None = None
 
@@ -83,36 +94,42 @@ def register_sampler(name: str, *, options: type[SamplerOptions] | None = None,
                      presets: dict[str, dict[str, Any]] | None = None) -> Callable[[type], type]:
     """Class decorator: register the sampler `name` (`sampler.name`).
 
+    - The class has the methods of `ada_core.protocols.Sampler` and is built as `cls(cfg, advantage)`.
     - `options`: a `SamplerOptions` subclass, the sampler's own fields (`sampler.options.<field>`); None: it
       takes none, and a config that gives any is refused.
     - `presets`: preset name -> what it sets besides `sampler.name` (`{"sampler": {"n": 4, "options": {...}},
-      "advantage": {"name": "global_mean"}}`, algorithm fields only); each becomes a variant everywhere a
-      preset is chosen. None: one preset named after the sampler, with every default. The built-in samplers
-      pass `{}`: their presets are the platform's own table (ada_core/config/presets.py).
+      "advantage": {"name": "global_mean"}}`: PRESET_FIELDS only); each becomes a variant everywhere a preset
+      is chosen. None: one preset named after the sampler (`_` as `-`), with every default. The built-in
+      samplers pass `{}`: their presets are the platform's own table (ada_core/config/presets.py).
     """
     if not isinstance(name, str) or not _NAME.match(name):
         raise PluginError(f"register_sampler({name!r}): a sampler name is lower-case letters, digits and _, "
                           "starting with a letter (it is a config value: sampler.name)")
 
     def wrap(cls: type) -> type:
-        origin = f"{cls.__module__}:{cls.__qualname__}"
         from ada_core.protocols import Sampler
 
-        missing = [m for m in REQUIRED_METHODS if m not in dir(cls)]
+        origin = f"{getattr(cls, '__module__', '?')}:{getattr(cls, '__qualname__', cls)}"
         if not isinstance(cls, type) or not issubclass(cls, Sampler):
-            raise PluginError(f"register_sampler({name!r}) on {origin}: a sampler is a class with "
-                              f"{', '.join(REQUIRED_METHODS)}; it lacks {', '.join(missing) or 'being a class'}")
+            missing = [m for m in ("sample", "state_dict", "load_state_dict", "close") if m not in dir(cls)]
+            raise PluginError(f"register_sampler({name!r}) on {origin}: a sampler is a class with sample, state_dict, "
+                              f"load_state_dict, close (ada_core.protocols.Sampler); it lacks {', '.join(missing)}")
         if options is not None:
             _check_options(name, options)
         source = _source(cls)
         known = _SAMPLERS.get(name)
-        if known is not None and not (source is not None and known.source == source
-                                      and known.cls.__qualname__ == cls.__qualname__):
+        same = known is not None and (known.origin == origin or (
+            source is not None and known.source == source and known.origin.split(":")[1] == cls.__qualname__))
+        if known is not None and not same:
             raise PluginError(f"register_sampler({name!r}) on {origin}: the name is taken by {known.origin}; "
                               "choose another name")
-        chosen = {name.replace("_", "-"): {}} if presets is None else presets
-        _register_presets(name, chosen, replacing=known is not None)
-        _SAMPLERS[name] = SamplerSpec(name, cls, options, origin, source)
+        chosen = _presets(name, {name.replace("_", "-"): {}} if presets is None else presets)
+        taken = {p: s.name for s in _SAMPLERS.values() if s.name != name for p in s.presets}
+        clash = [p for p in chosen if p in taken]
+        if clash:
+            raise PluginError(f"register_sampler({name!r}) preset {clash[0]!r}: sampler {taken[clash[0]]!r} "
+                              "registered a preset of that name; choose another name")
+        _SAMPLERS[name] = SamplerSpec(name, cls, options, origin, source, chosen)
         return cls
 
     return wrap
@@ -135,13 +152,19 @@ def _check_options(name: str, options: Any) -> None:
                           "description: give Field(..., description=...) (docs and forms show it)")
 
 
-def _register_presets(name: str, presets: dict[str, dict[str, Any]], replacing: bool) -> None:
-    from ada_core.config.presets import ALGORITHM_FIELDS, PRESETS
-    from ada_core.config.schema import flatten_dotted
+def _dotted(nested: dict[str, Any], prefix: str = "") -> list[str]:
+    out: list[str] = []
+    for key, value in nested.items():
+        name = f"{prefix}{key}"
+        out += _dotted(value, f"{name}.") if isinstance(value, dict) else [name]  # an empty section sets nothing
+    return out
 
+
+def _presets(name: str, presets: Any) -> dict[str, dict[str, Any]]:
+    """`presets` as PRESETS entries (sampler.name set), or PluginError naming the first bad one."""
     if not isinstance(presets, dict):
         raise PluginError(f"register_sampler({name!r}): presets must be a dict of preset name -> settings")
-    built: dict[str, dict[str, Any]] = {}
+    out: dict[str, dict[str, Any]] = {}
     for preset, settings in presets.items():
         where = f"register_sampler({name!r}) preset {preset!r}"
         if not isinstance(preset, str) or not _PRESET_NAME.match(preset):
@@ -150,20 +173,18 @@ def _register_presets(name: str, presets: dict[str, dict[str, Any]], replacing: 
             raise PluginError(f"{where}: its settings must be a dict such as "
                               "{'sampler': {'n': 4}, 'advantage': {'name': 'grpo'}}")
         sampler = dict(settings.get("sampler") or {})
-        if sampler.get("name", name) != name:
-            raise PluginError(f"{where}: sets sampler.name={sampler['name']!r}; a sampler's presets select it")
-        entry = {**settings, "sampler": {**sampler, "name": name}}
-        entry.setdefault("advantage", {"name": "grpo"})
-        outside = [k for k in flatten_dotted(entry) if k not in ALGORITHM_FIELDS and not k.startswith("sampler.options")]
+        if sampler.pop("name", name) != name:
+            raise PluginError(f"{where}: sets sampler.name={settings['sampler']['name']!r}; a sampler's presets "
+                              "select it")
+        entry = {**settings, "sampler": {**sampler, "name": name}, "advantage": dict(settings.get("advantage") or {})}
+        outside = [k for k in _dotted({**settings, "sampler": sampler})
+                   if not any(k == f or k.startswith(f"{f}.") for f in PRESET_FIELDS)]
         if outside:
-            raise PluginError(f"{where}: sets {outside[0]}, which is not an algorithm field (a preset sets only "
-                              f"{', '.join(ALGORITHM_FIELDS[1:])} and sampler.options), so that compared presets "
-                              "differ in their algorithm alone")
-        owner = PRESETS.get(preset, {}).get("sampler", {}).get("name")
-        if preset in PRESETS and not (replacing and owner == name):
-            raise PluginError(f"{where}: a preset of that name exists (sampler {owner!r}); choose another name")
-        built[preset] = entry
-    PRESETS.update(built)
+            raise PluginError(f"{where}: sets {outside[0]}; a preset sets only {', '.join(PRESET_FIELDS)} (the "
+                              "algorithm), so that compared presets differ in their algorithm alone")
+        entry["advantage"].setdefault("name", "grpo")
+        out[preset] = entry
+    return out
 
 
 def _import_path(path: Path) -> None:
@@ -184,10 +205,8 @@ def _import_path(path: Path) -> None:
 
 
 def load_plugins() -> None:
-    """Import the built-in samplers, every `ada_platform.samplers` entry point and every `$ADA_SAMPLERS` item
-    not imported yet; `PluginError` naming the first that fails."""
-    import ada_core.sampling.samplers  # noqa: F401 - the built-in samplers register themselves
-
+    """Import every `ada_platform.samplers` entry point and every `$ADA_SAMPLERS` item not imported yet;
+    `PluginError` naming the first that fails."""
     global _ENTRY_POINTS
     if _ENTRY_POINTS is None:  # read once per process: installing a package needs a new process anyway
         _ENTRY_POINTS = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
@@ -233,6 +252,11 @@ def sampler_names() -> list[str]:
     return sorted(_SAMPLERS, key=lambda n: (not _SAMPLERS[n].builtin, n))
 
 
+def specs() -> list[SamplerSpec]:
+    """Every registered sampler, built-in ones first."""
+    return [_SAMPLERS[name] for name in sampler_names()]
+
+
 def get_sampler(name: str) -> SamplerSpec:
     """The sampler registered as `name`; `ConfigError` naming `sampler.name` and the choices otherwise."""
     load_plugins()
@@ -242,14 +266,6 @@ def get_sampler(name: str) -> SamplerSpec:
                           f"your own: register it, and name its module in ${PLUGINS_ENV} or an "
                           f"{ENTRY_POINT_GROUP} entry point; docs/SAMPLERS.md)")
     return spec
-
-
-def preset_names() -> list[str]:
-    """Every preset: the platform's, then those registered samplers brought (`register_sampler(presets=...)`)."""
-    from ada_core.config.presets import PRESETS
-
-    load_plugins()
-    return list(PRESETS)
 
 
 def check_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
