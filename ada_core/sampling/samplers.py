@@ -41,6 +41,7 @@ import numpy as np
 
 from ada_core import metrics as mk
 from ada_core.config import AdvantageConfig, SamplerConfig
+from ada_core.config.registry import get_sampler, register_sampler
 from ada_core.data.source import PromptSource
 from ada_core.protocols import RolloutEngine, Sampler, SamplingParams, Verifier
 from ada_core.records import Group, Prompt, PromptPool, RolloutBatch
@@ -48,7 +49,6 @@ from ada_core.sampling.allocation import (EstHistory, PromptHistory, est_allocat
                                          mixed_prob, select_prompts, step_budget)
 from ada_core.sampling.rounds import (DOWNSAMPLERS, allocate_round, check_prompts, draw_and_score, finish_batch, has_exited,
                                      make_group)
-from ada_core.config.registry import get_sampler, register_sampler
 from ada_core.sampling.step_metrics import StepClock
 from ada_core.sampling.stream_session import StreamSession, run_streaming
 

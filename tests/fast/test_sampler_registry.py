@@ -193,7 +193,8 @@ def test_an_option_without_a_description_and_a_class_without_the_contract_are_re
     with pytest.raises(PluginError, match="option 'k' of Bare has no description"):
         define(options=Bare)
     with pytest.raises(PluginError, match=r"a sampler is a class with sample, state_dict, load_state_dict, close "
-                                          r"\(ada_core.protocols.Sampler\); it lacks state_dict, load_state_dict, close"):
+                                          r"\(ada_core.protocols.Sampler\); it lacks state_dict, load_state_dict, "
+                                          r"close"):
         register_sampler("half")(type("Half", (), {"sample": lambda self: None}))
 
 
@@ -217,13 +218,15 @@ def test_the_forms_list_a_registered_samplers_preset_and_accept_its_options(monk
         assert "sampler.options.extra" in schema["overrides"]["else"]["properties"]
     assert "second-chance" in PaperTablesParams.model_json_schema()["properties"]["methods"]["items"]["enum"]
 
-    compare = CompareParams(variants=["grpo", "second-chance"], matched_grpo=False, overrides={"sampler.options.extra": 2})
+    compare = CompareParams(variants=["grpo", "second-chance"], matched_grpo=False,
+                            overrides={"sampler.options.extra": 2})
     assert compare.build("second-chance", 0, group=True).sampler.options == {"extra": 2, "give_up": 2}
     assert compare.build("grpo", 0, group=True).sampler.options == {}  # the group's option goes to its variant only
     assert SweepParams(variants=["second-chance"], n=[4, 8]).grid() == [
         ("second-chance", "second-chance-n4", {"sampler": {"n": 4}}),
         ("second-chance", "second-chance-n8", {"sampler": {"n": 8}})]
-    with pytest.raises(ValueError, match=r"overrides: 'sampler.options.extra': Input should be greater than or equal to 1"):
+    with pytest.raises(ValueError, match=r"overrides: 'sampler.options.extra': Input should be greater than or "
+                                         r"equal to 1"):
         CompareParams(variants=["grpo", "second-chance"], matched_grpo=False, overrides={"sampler.options.extra": 0})
     with pytest.raises(ConfigError, match="overrides.sampler.options.extra: no run of this group reads it"):
         params = CompareParams(variants=["grpo"], matched_grpo=False, overrides={"sampler.options.extra": 2})
@@ -309,3 +312,18 @@ def test_what_a_registered_preset_may_set_is_part_of_the_algorithm():
     from ada_core.config import ALGORITHM_FIELDS
 
     assert set(registry.PRESET_FIELDS) <= set(ALGORITHM_FIELDS)
+
+
+def test_prefects_parameter_schema_of_the_flows_offers_a_registered_preset(monkeypatch):
+    """What the Prefect server stores for a deployment and its run form draws: the flow's parameter schema."""
+    import json
+
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.compare import compare
+    from flows.train import train
+
+    monkeypatch.setenv(registry.PLUGINS_ENV, str(EXAMPLE))
+    for flow in (train, compare):
+        schema = json.dumps(parameter_schema(flow).model_dump())
+        assert '"second-chance"' in schema and '"sampler.options.extra"' in schema, flow.name

@@ -100,6 +100,7 @@ def test_a_two_seed_compare_trains_logs_reports_and_saves_the_example(prefect_ha
     assert "| second-chance | grpo |" in markdown  # paired against the reference, by seed
 
     runs = [load_run(c["run_dir"], c["variant"], c["seed"]) for c in children]
-    saved = write_runs(tmp_path / "runs.jsonl", {"standard": runs}, {c["run_dir"]: run_start(c["run_dir"]) for c in children})
+    starts = {c["run_dir"]: run_start(c["run_dir"]) for c in children}
+    saved = write_runs(tmp_path / "runs.jsonl", {"standard": runs}, starts)
     tables = saved_tables_markdown([saved], methods=["grpo", "second-chance"])
     assert "| standard | second-chance |" in tables
