@@ -49,6 +49,7 @@ def simulate(
 
     if frac_zero + frac_one > 1.0:
         raise typer.BadParameter(f"--frac-zero + --frac-one = {frac_zero + frac_one} must be <= 1")
+    _load_sampler_plugins()  # a sampler of your own runs too (docs/SAMPLERS.md)
     mix = DifficultyMix(frac_zero=frac_zero, frac_one=frac_one, beta_a=beta_a, beta_b=beta_b)
     if pool is not None and pool < prompts:
         raise typer.BadParameter(f"--pool {pool} must be >= --prompts {prompts}")
@@ -73,6 +74,17 @@ def simulate(
         typer.echo(f"wrote {png_path}")
 
 
+def _load_sampler_plugins() -> None:
+    """Import the registered sampler plugins ($ADA_SAMPLERS, entry points); a broken one exits 2 in one line."""
+    from ada_core.config.registry import PluginError, load_plugins
+
+    try:
+        load_plugins()
+    except PluginError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(INPUT_ERROR_EXIT) from None
+
+
 # The config fields `ada train` has a flag of its own for.
 FLAG_OF = {"preset": "--preset", "profile": "--profile", "model": "--model", "steps": "--steps", "seed": "--seed",
            "data.dataset": "--dataset", "rollout.engine": "--engine"}
@@ -95,8 +107,9 @@ def check_set_against_flags(sets: dict, flags: dict) -> None:
 @app.command()
 def train(
     preset: str | None = typer.Option(None, help="Algorithm preset: grpo, grpo-n8, grpo-n16, dapo, ada-pos, "
-                                                 "ada-balance, ada-est, ada-posterior, ada-budget (default grpo; "
-                                                 "with --resume, the run's own)."),
+                                                 "ada-balance, ada-est, ada-posterior, ada-budget, or one a sampler "
+                                                 "of yours registers ($ADA_SAMPLERS; docs/SAMPLERS.md) (default "
+                                                 "grpo; with --resume, the run's own)."),
     profile: str | None = typer.Option(None, help="Scale profile: tiny, testbed, smollm2-135m, paper (default tiny; with "
                                                   "--resume, the run's own)."),
     model: str | None = typer.Option(
@@ -131,6 +144,7 @@ def train(
     from ada_core.run.resume import check_resume_target, resumed_config
     from ada_core.training import train as run_training
 
+    _load_sampler_plugins()  # their presets and samplers are chosen like the platform's
     overrides: dict = {}
     for key, value in (("preset", preset), ("profile", profile), ("model", model), ("steps", steps), ("seed", seed)):
         if value is not None:

@@ -118,6 +118,56 @@ class Verifier(Protocol):
 
 
 # ---------------------------------------------------------------------------------------------------
+# Samplers: how a step's groups are drawn. Built-in or a researcher's own, each is one class registered by
+# name (`ada_core.sampling.register_sampler`); docs/SAMPLERS.md is the guide, examples/second_chance.py the example.
+# ---------------------------------------------------------------------------------------------------
+@runtime_checkable
+class Sampler(Protocol):
+    """What the trainer, `ada simulate` and the flows call on a sampler. `make_sampler` builds it as
+    `cls(cfg, advantage)`: `cfg` the run's `SamplerConfig` (its own options in `cfg.options`, typed by
+    `ada_core.sampling.options_of(cfg)`), `advantage` the run's `AdvantageConfig`. One instance lives for the
+    whole run, so it may remember prompts across steps.
+
+    Reported by the sampler, in the `RolloutBatch` that `sample` returns (build it with
+    `ada_core.sampling.finish_batch`, which computes the rest):
+    - `groups`: the trained groups, each of the sampler's own size (`make_group` gives the advantages by
+      `advantage.name` against the prompt's whole pool; the sampler may scale them, as `est` does);
+    - `pools`: EVERY prompt it drew this step (kept or not), with all its samples, its `rounds` and its
+      `exit_reason` (the sampler's own words, e.g. `mixed`, `unresolved`; `finish_batch`'s `exit_reasons`
+      lists the ones it can give, each logged as `sampler/exit_<reason>`, zeros too);
+    - `metrics`: any extra `sampler/*` keys of its own (`finish_batch(..., extra=)`).
+
+    Computed by the platform from those, never by the sampler: the budget (`budget/generated_samples`,
+    tokens, trained samples and tokens, their running totals and the compute estimates), rewards, lengths,
+    verifier statuses, engine and verifier time (`draw_and_score` times every call it makes), the
+    sampler's own bookkeeping time, and the prompt ledger's rows (one per pool: samples, positives, rounds,
+    exit reason, whether a group of it was trained).
+    """
+
+    def sample(self, prompts: list[Prompt], engine: RolloutEngine, verifier: Verifier, sampling: SamplingParams,
+               rng: Any, source: Any = None) -> Any:
+        """One step's `RolloutBatch` for `prompts` (B distinct prompts; the trainer's draw). Draw only through
+        `ada_core.sampling.draw_and_score(requests, round, engine, verifier, sampling, rng, clock)`, seeded by
+        `rng` (a numpy Generator; the same rng gives the same batch). `source` (a PromptSource) hands out more
+        prompts for a sampler that draws beyond the B it was given (DAPO); None in a test that has none.
+        A batch with no groups is valid: the trainer skips the update of that step."""
+        ...
+
+    def state_dict(self) -> dict | None:
+        """What the sampler remembers across steps, as JSON-serialisable data, saved in every checkpoint
+        (`trainer_state.json`); None when it keeps nothing."""
+        ...
+
+    def load_state_dict(self, state: dict | None) -> None:
+        """Restore `state_dict`'s output when a run resumes, before its next `sample`."""
+        ...
+
+    def close(self) -> None:
+        """Release what the sampler holds (threads, open requests) when the run ends. Usually nothing."""
+        ...
+
+
+# ---------------------------------------------------------------------------------------------------
 # Streaming (`sampler.schedule: streaming`): one sample per request, each with its own seed, each cancellable.
 # ---------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)

@@ -14,12 +14,40 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 
-from pydantic_core import PydanticUseDefault
+from pydantic_core import PydanticUseDefault, core_schema
 
 from ada_core.config import PROFILES, ConfigError, TrainConfig, flatten_dotted
 
-Preset = Literal["grpo", "grpo-n8", "grpo-n16", "dapo", "ada-pos", "ada-balance", "ada-est", "ada-posterior",
-                 "ada-budget"]
+
+
+def check_preset(name: str) -> str:
+    """A preset of the platform or of a registered sampler (ada_core/config/registry.py), else a ValueError
+    listing them."""
+    from ada_core.config.presets import preset_names
+
+    choices = preset_names()
+    if name not in choices:
+        raise ValueError(f"unknown preset {name!r}; choose from {', '.join(choices)}")
+    return name
+
+
+class _PresetChoices:
+    """A preset name, checked against the presets when a value is validated and listed as the JSON schema's
+    `enum` when a schema is made (a form shows them as choices): both read the registry then, so a sampler
+    registered by a plugin is a choice of every form served after it loads, with no change here."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        return core_schema.no_info_after_validator_function(check_preset, core_schema.str_schema())
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, schema: Any, handler: Any) -> dict[str, Any]:
+        from ada_core.config.presets import preset_names
+
+        return {"type": "string", "enum": preset_names()}
+
+
+Preset = Annotated[str, _PresetChoices]
 Profile = Literal["tiny", "testbed", "smollm2-135m", "paper"]
 Engine = Literal["transformers", "vllm"]
 # Prefect refuses these characters in a concurrency limit's name.
@@ -83,17 +111,40 @@ def check_overrides(overrides: dict[str, Any], own: dict[str, str]) -> None:
         if key in own:
             raise ValueError(f"overrides: {key!r} is set by this flow's own `{own[key]}` field (the run's name, tags "
                              f"and report use that one); give it there, not in overrides")
-        field = config_field(key)
-        annotation = Annotated[field.annotation, *field.metadata] if field.metadata else field.annotation
-        try:
-            TypeAdapter(annotation).validate_python(value)
-        except ValidationError as err:
-            problem = "; ".join(e["msg"] for e in err.errors())
-            raise ValueError(f"overrides: {key!r}: {problem} (got {value!r})") from None
+        problems = []
+        for field in option_fields(key) if key.startswith(OPTIONS_PREFIX) else [config_field(key)]:
+            annotation = Annotated[field.annotation, *field.metadata] if field.metadata else field.annotation
+            try:
+                TypeAdapter(annotation).validate_python(value)
+                break
+            except ValidationError as err:
+                problems.append("; ".join(e["msg"] for e in err.errors()))
+        else:
+            raise ValueError(f"overrides: {key!r}: {problems[0]} (got {value!r})") from None
+
+
+OPTIONS_PREFIX = "sampler.options."
+
+
+def option_fields(key: str) -> list[Any]:
+    """The pydantic fields named by `sampler.options.<field>` in the registered samplers' options models (one per
+    sampler that has such an option: which applies depends on the preset, and building the config checks it),
+    or a ValueError naming the key and every option there is."""
+    from ada_core.config.registry import specs
+
+    option = key.removeprefix(OPTIONS_PREFIX)
+    models = [spec.options for spec in specs() if spec.options is not None]
+    found = [model.model_fields[option] for model in models if option in model.model_fields]
+    if not found:
+        known = sorted({f"{OPTIONS_PREFIX}{name}" for model in models for name in model.model_fields})
+        raise ValueError(f"overrides: unknown key {key!r}: no registered sampler has the option {option!r} (options: "
+                         f"{', '.join(known) or 'none'})")
+    return found
 
 
 def override_keys(exclude: dict[str, str] | None = None) -> list[str]:
-    """Every dotted key `overrides` may name (each field and each section of TrainConfig), less `exclude`."""
+    """Every dotted key `overrides` may name (each field and each section of TrainConfig, and each registered
+    sampler's options), less `exclude`."""
     keys: list[str] = []
 
     def walk(model: type[BaseModel], prefix: str) -> None:
@@ -103,7 +154,11 @@ def override_keys(exclude: dict[str, str] | None = None) -> list[str]:
                 walk(field.annotation, f"{prefix}{name}.")
 
     walk(TrainConfig, "")
-    return sorted(k for k in keys if k not in (exclude or {}))
+    from ada_core.config.registry import specs
+
+    for spec in specs():  # a registered sampler's own options (sampler.options.<field>)
+        keys += [f"{OPTIONS_PREFIX}{name}" for name in (spec.options.model_fields if spec.options else ())]
+    return sorted(k for k in set(keys) if k not in (exclude or {}))
 
 
 PREFECT_KIND = "__prefect_kind"
@@ -147,8 +202,12 @@ def overrides_schema(exclude: dict[str, str]) -> Callable[[dict[str, Any]], None
     unknown key when the run is created (deployments enforce their parameter schema), in a message short
     enough to mark the field with: `Additional properties are not allowed ('sampler.MM' was unexpected)` (an
     `enum` or a pattern of the keys makes one that lists all ~120 of them). The keys sit under `else`, where
-    the form does not look: it shows one JSON box, not a field per key."""
-    return form_json_schema({"properties": {key: {} for key in override_keys(exclude)}, "additionalProperties": False})
+    the form does not look: it shows one JSON box, not a field per key. The keys are read when the schema is
+    made, so a registered sampler's options (`sampler.options.<field>`) are among them."""
+    def extra(schema: dict[str, Any]) -> None:
+        keys = override_keys(exclude)
+        form_json_schema({"properties": {key: {} for key in keys}, "additionalProperties": False})(schema)
+    return extra
 
 
 def by_profile(field: str) -> str:

@@ -11,6 +11,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from ada_core.config import PRESETS, ConfigError, TrainConfig, build_config, flatten_dotted
+from ada_core.config.registry import reads_option
 from flows.param_form import (
     Engine,
     FlowParams,
@@ -75,7 +76,12 @@ class RunSettings(FlowParams):
             top["prompts_per_step"] = self.prompts_per_step
         if group:  # a comparison's seeds share their start and their exam (DataConfig.seed)
             top["data"] = {"seed": GROUP_DATA_SEED}
-        merged = nest_dotted({**flatten_dotted(top), **flatten_dotted(overrides), **flatten_dotted(extra or {})})
+        shared = flatten_dotted(overrides)
+        if group:  # a registered sampler's options go to the variants whose sampler has them
+            sampler = {**PRESETS.get(preset, {}).get("sampler", {}), **overrides.get("sampler", {})}.get("name", "fixed")
+            shared = {k: v for k, v in shared.items() if not k.startswith("sampler.options.")
+                      or reads_option(sampler, k.removeprefix("sampler.options."))}
+        merged = nest_dotted({**flatten_dotted(top), **shared, **flatten_dotted(extra or {})})
         return check_engine(build_config(preset, self.profile, overrides=merged, refuse_unread=not group,
                                          facts=self.facts()))
 
@@ -91,7 +97,8 @@ class RunSettings(FlowParams):
         from ada_core.config.applies import not_applicable
 
         unread = not_applicable(config, self.facts())
-        return {k: v for k, v in flatten_dotted(nest_dotted(self.overrides)).items() if k not in unread}
+        return {k: v for k, v in flatten_dotted(nest_dotted(self.overrides)).items() if k not in unread and not (
+            k.startswith("sampler.options.") and not reads_option(config.sampler.name, k.removeprefix("sampler.options.")))}
 
     def check_shared_overrides(self, configs: list[TrainConfig]) -> None:
         """Refuse a group override that none of its children reads, naming where it applies."""
@@ -101,6 +108,10 @@ class RunSettings(FlowParams):
         unread = set.intersection(*(not_applicable(c, facts) for c in configs)) if configs else set()
         rules = applicability(TrainConfig)
         for key in flatten_dotted(nest_dotted(self.overrides)):
+            if key.startswith("sampler.options.") and not any(
+                    reads_option(c.sampler.name, key.removeprefix("sampler.options.")) for c in configs):
+                raise ConfigError(f"overrides.{key}: no run of this group reads it: no sampler of its variants "
+                                  f"({', '.join(sorted({c.sampler.name for c in configs}))}) has that option")
             if key in unread:
                 raise ConfigError(f"overrides.{key}: no run of this group reads it: it applies only when "
                                   f"{rules[key]}; remove it or add a variant that reads it")

@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ada_core.config import ALGORITHM_FIELDS, flatten_dotted
+from ada_core.config import flatten_dotted
+from ada_core.config.presets import is_algorithm_field
 from report.curves import RunCurves
 
 
@@ -40,7 +41,7 @@ def config_differences(runs: list[RunCurves]) -> list[dict[str, Any]]:
         values = {label: sorted({_show(flat.get(name, "(absent)")) for flat in flats})
                   for label, flats in by_label.items()}
         if len({tuple(v) for v in values.values()}) > 1:
-            rows.append({"field": name, "kind": "algorithm" if name in ALGORITHM_FIELDS else "other",
+            rows.append({"field": name, "kind": "algorithm" if is_algorithm_field(name) else "other",
                          "values": {label: " / ".join(v) for label, v in values.items()}})
     return rows
 

@@ -4,6 +4,8 @@
 - `presets`: the algorithm presets (and `ALGORITHM_FIELDS`, the only fields they set), the scale
   profiles, and `build_config`, which layers defaults <
   scale profile < preset < config file < `--set` overrides.
+- `registry`: every sampler by name (`register_sampler`; plugins from $ADA_SAMPLERS and entry points), which
+  `sampler.name` and `sampler.options` are validated against; docs/SAMPLERS.md.
 - `applies`: where each field applies (`ALWAYS`, `LABEL`, `when(...)`, declared next to its description):
   MLflow's `n/a`, docs/CONFIG.md (`python -m ada_core.config`) and the refusal of a field set where it is
   never read all read it.

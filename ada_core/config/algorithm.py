@@ -4,9 +4,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from ada_core.config.applies import ALWAYS, when
 from ada_core.config.strict import _Strict
@@ -15,13 +15,22 @@ from ada_core.config.strict import _Strict
 class SamplerConfig(_Strict):
     """How each step's groups are drawn."""
 
-    name: Literal["fixed", "dynamic_filter", "ada", "budgeted", "est"] = Field(
+    name: str = Field(
         "fixed",
         description="Sampler: `fixed` = GRPO (n per prompt in one call), `dynamic_filter` = DAPO dynamic "
         "sampling, `ada` = Reinforce-Ada successive elimination, `budgeted` = a fixed per-step budget spent "
         "by `allocation` (ada_core/sampling/allocation.py), `est` = Reinforce-Ada-Est (paper v3): each "
         "prompt's pass rate estimated from its history, N_x proportional to 1/sqrt(p_hat) within [est_min, "
-        "est_max], the step's budget in one call.",
+        "est_max], the step's budget in one call. Or any sampler registered with `register_sampler` "
+        "(docs/SAMPLERS.md).",
+        json_schema_extra=ALWAYS,
+    )
+    options: dict[str, Any] = Field(
+        {},
+        validate_default=True,  # a plugin's defaults are filled in (and logged) when no option is given
+        description="The options of a registered sampler of your own (`register_sampler(name, options=...)`; "
+        "docs/SAMPLERS.md), validated by its options model, defaults filled in; logged as `sampler.options.<field>`. "
+        "The built-in samplers take none: their fields are the ones here.",
         json_schema_extra=ALWAYS,
     )
     n: int = Field(4, ge=2, description="Final group size per prompt (samples trained on). Paper/ref: 4.",
@@ -184,6 +193,22 @@ class SamplerConfig(_Strict):
         "an all-wrong pool has zero advantage, so it only keeps the weight finite). Ours.",
         json_schema_extra=when("sampler.name == est", "sampler.est_weighting == log"),
     )
+
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        from ada_core.config.registry import get_sampler
+
+        get_sampler(name)  # unknown: ConfigError naming sampler.name and the registered samplers
+        return name
+
+    @field_validator("options")
+    @classmethod
+    def _options_of_the_sampler(cls, options: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        from ada_core.config.registry import check_options
+
+        name = info.data.get("name")
+        return options if name is None else check_options(name, options)  # no name: its own error is reported
 
     @property
     def first_round(self) -> int:

@@ -1,7 +1,8 @@
 """Algorithm presets, scale profiles, and how a config is built from them.
 
-Algorithm presets (`grpo`, `grpo-n8`, `grpo-n16`, `dapo`, `ada-pos`, `ada-balance`, `ada-est`, ...) say
-*what* algorithm runs; scale profiles (`tiny`, `testbed`, `smollm2-135m`, `paper`) say *how big*: prompts per step, lengths and learning
+Algorithm presets (`grpo`, `grpo-n8`, `grpo-n16`, `dapo`, `ada-pos`, `ada-balance`, `ada-est`, ..., and those a
+registered sampler brings: `register_sampler(presets=...)`, docs/SAMPLERS.md) say *what* algorithm runs;
+scale profiles (`tiny`, `testbed`, `smollm2-135m`, `paper`) say *how big*: prompts per step, lengths and learning
 rate suit a model size, and the paper's values do not suit a tiny model. `build_config` layers
 defaults < scale profile < preset < config file < `--set` overrides, then validates (schema.py).
 """
@@ -29,8 +30,14 @@ ALGORITHM_FIELDS = (
     "sampler.exit_rule",
     "sampler.max_gen_batches",
     "sampler.allocation",
+    "sampler.options",  # a registered sampler's own fields (ada_core/config/registry.py), each under it
     "advantage.name",
 )
+
+
+def is_algorithm_field(dotted: str) -> bool:
+    """Whether a dotted config field is one of ALGORITHM_FIELDS or inside one (`sampler.options.k`)."""
+    return dotted in ALGORITHM_FIELDS or any(dotted.startswith(f"{field}.") for field in ALGORITHM_FIELDS)
 
 # Each preset sets only what defines the algorithm; the comment on each value gives its source. Weight
 # decay is the shared default, 0 (ref Ada): verl's GRPO script uses 0.01, but giving it to the GRPO and
@@ -146,6 +153,22 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 
 
+def preset_names() -> list[str]:
+    """Every preset: the platform's, then those registered samplers bring (`register_sampler(presets=...)`,
+    ada_core/config/registry.py), added to PRESETS as the plugins load. A plugin's preset named like another
+    sampler's is a `PluginError`."""
+    from ada_core.config.registry import PluginError, specs
+
+    for spec in specs():  # loads the plugins
+        for name, preset in spec.presets.items():
+            owner = PRESETS.get(name, preset)["sampler"]["name"]
+            if owner != spec.name:
+                raise PluginError(f"register_sampler({spec.name!r}) preset {name!r}: a preset of that name exists "
+                                  f"(sampler {owner!r}); choose another name")
+            PRESETS[name] = preset
+    return list(PRESETS)
+
+
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(base)
     for key, value in override.items():
@@ -243,8 +266,9 @@ def build_config(
     needs a fact not given is refused, never taken as read.
     """
     given: dict[str, Any] = {}
-    if preset not in PRESETS:
-        raise ConfigError(f"preset: unknown {preset!r}; choose from {sorted(PRESETS)}")
+    if preset not in preset_names():
+        raise ConfigError(f"preset: unknown {preset!r}; choose from {sorted(PRESETS)} (a sampler of your own brings its "
+                          "presets once its module is named in $ADA_SAMPLERS or an entry point; docs/SAMPLERS.md)")
     if profile not in PROFILES:
         raise ConfigError(f"profile: unknown {profile!r}; choose from {sorted(PROFILES)}")
     merged = deep_merge(PROFILES[profile], PRESETS[preset])

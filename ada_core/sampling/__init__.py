@@ -8,7 +8,8 @@
 - `budget`: equal-budget accounting (matched GRPO, compute).
 - `simulate`: every sampler against Bernoulli prompts, no model (`ada simulate`).
 
-The package exports the samplers and the round primitives; import the other modules by name.
+The package exports the samplers, the registry and the round primitives (a sampler of your own needs
+nothing else); import the other modules by name.
 """
 
 from ada_core.sampling.rounds import (
@@ -24,18 +25,29 @@ from ada_core.sampling.rounds import (
     check_prompts,
     finish_batch,
 )
+from ada_core.config.registry import (
+    SamplerOptions,
+    SamplerSpec,
+    PluginError,
+    register_sampler,
+    get_sampler,
+    sampler_names,
+    options_of,
+)
 from ada_core.sampling.samplers import (
     FixedSampler,
     DynamicFilterSampler,
     AdaSampler,
     BudgetedSampler,
-    Sampler,
-    SAMPLERS,
+    EstSampler,
     make_sampler,
 )
+from ada_core.protocols import Sampler
+from ada_core.sampling.step_metrics import StepClock
 
 __all__ = [
-    "AdaSampler", "BudgetedSampler", "DOWNSAMPLERS", "DynamicFilterSampler", "EXIT_RULES", "FixedSampler",
-    "SAMPLERS", "Sampler", "allocate_round", "apply_verdict", "check_prompts", "downsample_balanced",
-    "downsample_random", "draw_and_score", "finish_batch", "has_exited", "make_group", "make_sampler"
+    "AdaSampler", "BudgetedSampler", "DOWNSAMPLERS", "DynamicFilterSampler", "EXIT_RULES", "EstSampler", "FixedSampler",
+    "PluginError", "Sampler", "SamplerOptions", "SamplerSpec", "StepClock", "allocate_round", "apply_verdict",
+    "check_prompts", "downsample_balanced", "downsample_random", "draw_and_score", "finish_batch", "get_sampler",
+    "has_exited", "make_group", "make_sampler", "options_of", "register_sampler", "sampler_names",
 ]

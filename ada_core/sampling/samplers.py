@@ -41,8 +41,9 @@ import numpy as np
 
 from ada_core import metrics as mk
 from ada_core.config import AdvantageConfig, SamplerConfig
+from ada_core.config.registry import get_sampler, register_sampler
 from ada_core.data.source import PromptSource
-from ada_core.protocols import RolloutEngine, SamplingParams, Verifier
+from ada_core.protocols import RolloutEngine, Sampler, SamplingParams, Verifier
 from ada_core.records import Group, Prompt, PromptPool, RolloutBatch
 from ada_core.sampling.allocation import (EstHistory, PromptHistory, est_allocation, est_weights, greedy_allocation,
                                          mixed_prob, select_prompts, step_budget)
@@ -86,6 +87,7 @@ class _KeepsHistory:
 # ---------------------------------------------------------------------------------------------------
 # The samplers. Each returns a RolloutBatch of kept groups plus the step's metrics.
 # ---------------------------------------------------------------------------------------------------
+@register_sampler("fixed", presets={})  # its presets: ada_core/config/presets.py
 @dataclass
 class FixedSampler(_NoState):
     """GRPO: n samples per prompt in one engine call; every group is kept."""
@@ -113,6 +115,7 @@ class FixedSampler(_NoState):
         return finish_batch(pools, groups, clock, self.cfg, ["fixed"])
 
 
+@register_sampler("dynamic_filter", presets={})  # its presets: ada_core/config/presets.py
 @dataclass
 class DynamicFilterSampler(_NoState):
     """DAPO dynamic sampling: keep varied groups, drawing extra prompt batches until B are kept.
@@ -166,6 +169,7 @@ class DynamicFilterSampler(_NoState):
         return finish_batch(pools, groups, clock, self.cfg, ["varied", "uniform"], extra)
 
 
+@register_sampler("ada", presets={})  # its presets: ada_core/config/presets.py
 @dataclass
 class AdaSampler:
     """Reinforce-Ada successive elimination (see the module docstring). Under `sampler.carry_over` its
@@ -261,6 +265,7 @@ class AdaSampler:
         return finish_batch(pools, groups, clock, cfg, [cfg.exit_rule, "unresolved"])
 
 
+@register_sampler("budgeted", presets={})  # its presets: ada_core/config/presets.py
 @dataclass
 class BudgetedSampler(_KeepsHistory):
     """A fixed budget of samples per step (`sampler.budget`, default B x n), spent by an allocation
@@ -354,6 +359,7 @@ class BudgetedSampler(_KeepsHistory):
             pools[i].rounds = round_index + 1
 
 
+@register_sampler("est", presets={})  # its presets: ada_core/config/presets.py
 @dataclass
 class EstSampler(_KeepsHistory):
     """Reinforce-Ada-Est as arXiv 2510.04996v3 specifies it (sections 3-4, Algorithm 1), for the objective
@@ -415,15 +421,7 @@ class EstSampler(_KeepsHistory):
         return finish_batch(pools, groups, clock, cfg, ["mixed", "unresolved"], extra, needed=(1, 1))
 
 
-Sampler = FixedSampler | DynamicFilterSampler | AdaSampler | BudgetedSampler | EstSampler
-SAMPLERS: dict[str, type[Sampler]] = {
-    "fixed": FixedSampler, "dynamic_filter": DynamicFilterSampler, "ada": AdaSampler, "budgeted": BudgetedSampler,
-    "est": EstSampler,
-}
-
-
 def make_sampler(sampler_cfg: SamplerConfig, advantage_cfg: AdvantageConfig) -> Sampler:
-    """The sampler named by `sampler_cfg.name`; call `.sample(prompts, engine, verifier, sampling, rng, source)`."""
-    if sampler_cfg.name not in SAMPLERS:
-        raise ValueError(f"sampler.name: unknown sampler {sampler_cfg.name!r}; choose from {sorted(SAMPLERS)}")
-    return SAMPLERS[sampler_cfg.name](sampler_cfg, advantage_cfg)
+    """The sampler registered as `sampler_cfg.name` (ada_core/config/registry.py), built-in or a plugin;
+    call `.sample(prompts, engine, verifier, sampling, rng, source)`."""
+    return get_sampler(sampler_cfg.name).cls(sampler_cfg, advantage_cfg)

@@ -158,6 +158,8 @@ ELSEWHERE = {
     "sft_steps": "tests/model/test_models.py::test_sft_learns_and_is_cached",
     "sft.lr": "tests/model/test_models.py::test_the_sft_section_reaches_the_warm_start",
     "sft.batch_size": "tests/model/test_models.py::test_the_sft_section_reaches_the_warm_start",
+    # read by a sampler registered from outside the platform: the test registers one
+    "sampler.options": "tests/fast/test_sampler_registry.py::test_an_option_changes_what_the_sampler_draws",
     "rollout.engine": "tests/services/test_vllm.py::test_a_few_steps_train_with_the_vllm_engine",
     "rollout.vllm.base_url": "tests/services/test_vllm.py::test_a_few_steps_train_with_the_vllm_engine",
     "rollout.vllm.base_urls": "tests/services/test_vllm_pool.py::test_an_async_streaming_run_goes_on_when_a_server_dies_mid_stream",
