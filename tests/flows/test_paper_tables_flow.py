@@ -55,7 +55,8 @@ def test_smoke_grid_writes_the_three_tables_on_both_parents(prefect_harness, ada
     table_b = markdown.split("### Table B")[1].split("### Table C")[0]
     assert "| standard | grpo | 1-2 |" in table_b and "(×1.00)" in table_b  # grpo is its own reference
     table_d = markdown.split("### Table D")[1]
-    assert "| standard | " in table_d and "(grpo at step 2) | ada-est | " in table_d
+    assert "| standard | " in table_d and "(grpo at step 2; its gain over steps 1-2: " in table_d
+    assert ") | ada-est | " in table_d
 
     client = MlflowClient(out["summaries"]["standard"]["tracking_uri"])
     for pool, parent_id in out["parents"].items():
