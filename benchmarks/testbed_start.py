@@ -108,7 +108,7 @@ def check_against_recipe(recipe: dict, report: dict, model_dir: Path, pool_ids: 
 
 def band_splits(name: str, config_overrides: dict, pool, rates: dict[str, float], model_dir: Path, work: Path) -> dict:
     """One pool of the paper grid from the rates: its curated ids and its run split, as the flows draw it."""
-    from ada_core.data import prompts_digest, run_split
+    from ada_core.data import data_digest, prompts_digest, run_split
     from ada_core.data.curation import curate, save_curated
     from ada_core.protocols import SamplingParams
     from ada_core.rl.rewards import MathVerifier
@@ -133,6 +133,7 @@ def band_splits(name: str, config_overrides: dict, pool, rates: dict[str, float]
         "training": len(split.training),
         "held_out": [p.id for p in split.held_out],
         "validation": [p.id for p in split.validation],
+        "dataset_hash": data_digest(str(folder)),  # what a run logs as `dataset_hash`: its prompts.jsonl
         "held_out_digest": prompts_digest(split.held_out),
         "validation_digest": prompts_digest(split.validation),
     }
@@ -183,6 +184,7 @@ def write_folder(out: Path, recipe: dict, model_dir: Path, pool, rates: dict[str
                              "curated_ids_sha256": ids_sha256(band["curated"]),
                              "held_out_ids_sha256": ids_sha256(band["held_out"]),
                              "validation_ids_sha256": ids_sha256(band["validation"]),
+                             "dataset_hash": band["dataset_hash"],
                              "held_out_digest": band["held_out_digest"],
                              "validation_digest": band["validation_digest"]}
                       for name, band in bands.items()},

@@ -13,7 +13,7 @@ import pytest
 from ada_core.config import build_config
 from ada_core.config.applies import run_facts
 from ada_core.config.schema import data_seed
-from ada_core.data import prompts_digest, run_split
+from ada_core.data import data_digest, prompts_digest, run_split
 from ada_core.data.curation import load_curated, pass_rate_histogram
 from ada_core.models import weights_sha256
 from ada_core.training import shipped
@@ -102,6 +102,7 @@ def test_a_fresh_home_curates_the_testbed_from_the_shipped_start_in_seconds(tmp_
         assert [p.id for p in split.held_out] == splits[name]["held_out"]
         assert [p.id for p in split.validation] == splits[name]["validation"]
         band = start.manifest["bands"][name]
+        assert data_digest(curated["dataset"]) == band["dataset_hash"]  # the run's `dataset_hash` parameter
         assert (prompts_digest(split.held_out), prompts_digest(split.validation)) == (
             band["held_out_digest"], band["validation_digest"])
         assert len(split.training) == band["training"]
