@@ -14,7 +14,9 @@ Curation (`training.start.curate_for_model`) takes the shipped start where its i
 recipe exactly (model, SFT steps and settings, dataset, pool size, seed, k, max_tokens, temperature,
 positive threshold; any band), unless `sft.shipped` is false: the model folder is copied into
 `ADA_HOME/cache/sft/shipped-<sha16>/` and the shipped rates replace sampling, so any band is a filter of
-them. `benchmarks/testbed_start.py` rebuilds the folder from the recipe.
+them. `rollout.micro_batch_size` is not part of the recipe: it sets how many rows go through the model
+at once, while each sample draws from its own seeded generator (engines/transformers_engine.py).
+`benchmarks/testbed_start.py` rebuilds the folder from the recipe.
 """
 
 from __future__ import annotations
@@ -114,7 +116,11 @@ class ShippedStart:
                 "built. Rebuild it with benchmarks/testbed_start.py, or set sft.shipped: false to train the recipe")
 
     def rates(self) -> dict[str, float]:
-        """Every scored prompt's pass rate: correct samples of k over k."""
+        """Every scored prompt's pass rate: correct samples of k over k (the file checked against the manifest)."""
+        if file_sha256(self.folder / SCORES) != self.manifest["files"][SCORES]:
+            raise ShippedStartError(
+                f"the shipped start {self.folder}: {SCORES} does not match its manifest: reinstall the package, "
+                "rebuild it with benchmarks/testbed_start.py, or set sft.shipped: false to train the recipe")
         scores = read_gzip_json(self.folder / SCORES)
         k = scores["k"]
         return {pid: correct / k for pid, correct in scores["correct"].items()}

@@ -124,6 +124,10 @@ def test_a_damaged_shipped_start_is_refused_in_one_line(tmp_path, monkeypatch):
         start.install()
     with pytest.raises(shipped.ShippedStartError, match="generator changed"):
         start.check_pool("0" * 16)
+    scores = (TESTBED / shipped.SCORES).read_bytes()
+    (copy / shipped.SCORES).write_bytes(scores[:-1] + bytes([scores[-1] ^ 1]))
+    with pytest.raises(shipped.ShippedStartError, match="scores.json.gz does not match its manifest"):
+        start.rates()
 
 
 def test_curation_given_pass_rates_samples_nothing_and_refuses_a_prompt_without_one():
