@@ -42,7 +42,8 @@ config = build_config("grpo", "testbed", overrides={"sft_steps": steps})
 made = curate_for_model(config.model, config.sft_steps, config.data.dataset, pool_size=pool, k=16, ceiling=1.0,
                         seed=data_seed(config), max_tokens=config.rollout.max_tokens, temperature=1.0,
                         positive_threshold=config.sampler.positive_threshold, micro_batch_size=256,
-                        out_dir=sys.argv[1], sft=config.sft.model_dump(), band=config.data.keep_pass_rate)
+                        out_dir=sys.argv[1], sft=config.sft.model_dump(), band=config.data.keep_pass_rate,
+                        shipped=False)
 kept = load_prompts(sys.argv[1])
 print(json.dumps({"weights_sha256": weights_sha256(made["model"])[:16], "kept": len(kept),
                   "curated_digest": prompts_digest(kept)}))

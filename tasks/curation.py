@@ -39,6 +39,7 @@ def _curate_dataset(
     model: str, sft_steps: int, dataset: str, pool_size: int, k: int, ceiling: float, seed: int,
     max_tokens: int, temperature: float, positive_threshold: float, micro_batch_size: int, home: str,
     dataset_digest: str = "", keep_pass_rate: list[float] | None = None, sft: dict[str, Any] | None = None,
+    shipped: bool = True,
 ) -> dict[str, Any]:
     """Curate (or reuse) and return {dataset, model, kept, pool, key, ...}: plain data for the cache.
 
@@ -47,17 +48,16 @@ def _curate_dataset(
 
     `dataset_digest` (`ada_core.data.data_digest` of `dataset`, the digest MLflow's dataset inputs
     carry) is part of both cache keys, so editing a dataset file in place curates it afresh.
+
+    `shipped` (`sft.shipped`): where the inputs are a shipped start's recipe, curate from that start
+    (`ada_core.training.shipped`); its key enters the inputs as `start`, so a set curated from the recipe on
+    this machine (the key it always had) is never taken for the shipped one, nor the other way round.
     """
     from ada_core.training.start import curate_for_model
     from tasks.progress import ProgressArtifact
 
-    inputs = dict(model=model, sft_steps=sft_steps, dataset=dataset, pool_size=pool_size, k=k, ceiling=ceiling,
-                  seed=seed, max_tokens=max_tokens, temperature=temperature, positive_threshold=positive_threshold,
-                  dataset_digest=dataset_digest)
-    if keep_pass_rate is not None:  # only then: the sets curated by the ceiling rule keep their keys
-        inputs["keep_pass_rate"] = list(keep_pass_rate)
-    if sft:  # only a warm start other than SftConfig's defaults: the sets curated before `sft` keep their keys
-        inputs["sft"] = dict(sft)
+    inputs, start = key_inputs(model, sft_steps, dataset, pool_size, k, ceiling, seed, max_tokens, temperature,
+                               positive_threshold, dataset_digest, keep_pass_rate, sft, shipped)
     key = curation_key(inputs)
     out = Path(home) / "curated" / key
     summary_file = out / "curation.json"
@@ -68,11 +68,37 @@ def _curate_dataset(
         model, sft_steps, dataset, pool_size, k, ceiling, seed, max_tokens, temperature, positive_threshold,
         micro_batch_size, out, sft_progress=ProgressArtifact(f"warm start (SFT) of {model}").callback(),
         progress=ProgressArtifact(f"curation of {dataset} (k={k})", "prompt").callback(), band=keep_pass_rate,
-        sft=sft,
+        sft=sft, shipped=start is not None,
     )
     summary = {"key": key, "dataset": str(out), **made, "inputs": inputs}
     summary_file.write_text(json.dumps(summary, indent=2) + "\n")  # last: marks the set complete
     return summary
+
+
+def key_inputs(
+    model: str, sft_steps: int, dataset: str, pool_size: int, k: int, ceiling: float, seed: int, max_tokens: int,
+    temperature: float, positive_threshold: float, dataset_digest: str = "", keep_pass_rate: list[float] | None = None,
+    sft: dict[str, Any] | None = None, shipped: bool = True, **_how: Any,
+):
+    """(what the curated set's key hashes, the shipped start it is curated from or None for the recipe).
+
+    `_how` takes the inputs that change how curation runs, not what it gives (`micro_batch_size`, `home`),
+    so `key_inputs(**curation_inputs(config, seed))` reads."""
+    from ada_core.training.start import shipped_start_of
+
+    inputs = dict(model=model, sft_steps=sft_steps, dataset=dataset, pool_size=pool_size, k=k, ceiling=ceiling,
+                  seed=seed, max_tokens=max_tokens, temperature=temperature, positive_threshold=positive_threshold,
+                  dataset_digest=dataset_digest)
+    if keep_pass_rate is not None:  # only then: the sets curated by the ceiling rule keep their keys
+        inputs["keep_pass_rate"] = list(keep_pass_rate)
+    settings = {name: value for name, value in (sft or {}).items() if name != "shipped"}  # it picks, not makes
+    if settings:  # only a warm start other than SftConfig's defaults: the sets curated before `sft` keep their keys
+        inputs["sft"] = settings
+    start = shipped_start_of(model, sft_steps, dataset, pool_size, seed, k, max_tokens, temperature,
+                             positive_threshold, sft) if shipped else None
+    if start is not None:  # only then: the sets curated from the recipe keep their keys
+        inputs["start"] = start.key
+    return inputs, start
 
 
 curate_dataset = task(
@@ -104,17 +130,19 @@ def curation_inputs(config, seed: int) -> dict[str, Any]:
         dataset_digest=data_digest(config.data.dataset),
         keep_pass_rate=config.data.keep_pass_rate,
         sft=sft_changes(config),
+        shipped=config.sft.shipped,
     )
 
 
 def sft_changes(config) -> dict[str, Any] | None:
-    """The config's `sft` fields that differ from SftConfig's defaults (None when none do, or with no warm start)."""
+    """The config's `sft` fields that differ from SftConfig's defaults (None when none do, or with no warm start).
+    `sft.shipped` is not one: it picks a start rather than making one (`curation_inputs` passes it apart)."""
     from ada_core.config.schema import SftConfig
 
     if config.sft_steps == 0:
         return None
     default = SftConfig().model_dump()
-    changed = {k: v for k, v in config.sft.model_dump().items() if v != default[k]}
+    changed = {k: v for k, v in config.sft.model_dump().items() if v != default[k] and k != "shipped"}
     return changed or None
 
 

@@ -94,6 +94,14 @@ class SftConfig(_Strict):
         "of the time. 0 = correct targets. Ours.",
         json_schema_extra=when("sft_steps > 0"),
     )
+    shipped: bool = Field(
+        True,
+        description="Use the warm start and curation scores that ship with the package (ada_core/data/shipped/; "
+        "the testbed's) where the curation's inputs are their recipe exactly, so every CPU gets the same start in "
+        "seconds; false trains and scores from the recipe on this machine (benchmarks/testbed_start.py rebuilds "
+        "the shipped one). Ours.",
+        json_schema_extra=when("sft_steps > 0", "run.curate == true"),
+    )
 
 
 class LedgerConfig(_Strict):

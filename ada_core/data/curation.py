@@ -160,10 +160,17 @@ def curate(
     positive_threshold: float = 0.7,
     progress: Callable[[int, int], None] | None = None,
     band: Sequence[float] | None = None,
+    rates: dict[str, float] | None = None,
+    rates_from: str | None = None,
 ) -> CurationResult:
     """Dedup, drop unparseable answers, then keep prompts with 0 < pass rate <= ceiling, or with
     band[0] <= pass rate <= band[1] when `band` is given (the paper's hard set: 1-2 correct of 16 is
     k = 16, band (1/16, 2/16)); the band replaces the ceiling rule.
+
+    `rates` are pass rates known already (a shipped start's scores: `training.shipped`), measured at `k`
+    with `sampling` and `seed`: every prompt left after the first two stages must have one, nothing is
+    sampled and `engine` may be None. `rates_from` says where they came from; the report's difficulty
+    stage and params record it (`sampled` when they were sampled here).
 
     `k`, `ceiling` and `band` come from `DataConfig` (`curation_k`, `pass_rate_ceiling`,
     `keep_pass_rate`); `seed` seeds the sampling. Input prompts are not modified: kept ones are copies
@@ -186,7 +193,17 @@ def curate(
     stages.append(stage)
     kept, stage = verifiable(kept, verifier)
     stages.append(stage)
-    rates = pass_rates(kept, engine, verifier, replace(sampling, seed=seed), k, positive_threshold, progress=progress)
+    if rates is None:
+        rates = pass_rates(kept, engine, verifier, replace(sampling, seed=seed), k, positive_threshold,
+                           progress=progress)
+        rates_from = "sampled"
+    else:
+        missing = [p.id for p in kept if p.id not in rates]
+        if missing:
+            raise ValueError(f"curation was given pass rates ({rates_from or 'known rates'}) that lack {len(missing)} "
+                             f"of its {len(kept)} prompts, e.g. {missing[0]!r}")
+        rates = {p.id: float(rates[p.id]) for p in kept}
+        rates_from = rates_from or "given"
     eps = 1e-9  # rates are multiples of 1/k: compare with a tolerance so 2/16 <= 0.125 holds
     if band is None:
         def keep(rate: float) -> bool:
@@ -210,6 +227,7 @@ def curate(
     dropped = {"never_solved": never, "too_easy": easy, **({"too_hard": hard} if band is not None else {})}
     stage = _stage("difficulty", len(kept), survivors, dropped)
     stage["pass_rates"] = rates
+    stage["rates_from"] = rates_from
     stages.append(stage)
 
     report = {
@@ -218,7 +236,8 @@ def curate(
         "dropped": sum(s["input"] - s["kept"] for s in stages),
         "params": {"k": k, "ceiling": ceiling, "band": list(band) if band is not None else None, "seed": seed,
                    "positive_threshold": positive_threshold,
-                   "temperature": sampling.temperature, "top_p": sampling.top_p, "max_tokens": sampling.max_tokens},
+                   "temperature": sampling.temperature, "top_p": sampling.top_p, "max_tokens": sampling.max_tokens,
+                   "rates_from": rates_from},
         "stages": stages,
     }
     return CurationResult(prompts=survivors, report=report)

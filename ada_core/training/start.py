@@ -40,26 +40,43 @@ def curate_for_model(
     model: str, sft_steps: int, dataset: str, pool_size: int, k: int, ceiling: float, seed: int, max_tokens: int,
     temperature: float, positive_threshold: float, micro_batch_size: int, out_dir: str | Path,
     sft_progress: Progress | None = None, progress: Progress | None = None, band: list[float] | None = None,
-    sft: dict[str, Any] | None = None,
+    sft: dict[str, Any] | None = None, shipped: bool = True,
 ) -> dict[str, Any]:
     """Draw a pool of `pool_size` prompts, difficulty-filter it with the start model (`start_model` on the
-    pool) and save the curated set to `out_dir`; returns {model, pool, kept, dropped} for its summary.
+    pool) and save the curated set to `out_dir`; returns {model, model_sha256, pool, kept, dropped, start}
+    for its summary.
 
+    With `shipped` (the config's `sft.shipped`) and inputs that are a shipped start's recipe
+    (`shipped_start_of`), the start is that one (copied into ADA_HOME/cache/sft/) and its shipped rates
+    replace the sampling: no SFT, no scoring, the same start and prompts on every CPU. `start` in the
+    result says which: `recipe` or the shipped start's key.
     `sft_progress` and `progress` are `progress(done, total)` callbacks for the warm start and the scoring.
     """
-    from ada_core.data import curation
-    from ada_core.engines.transformers_engine import TransformersRolloutEngine
+    from ada_core.data import curation, prompts_digest
     from ada_core.protocols import SamplingParams
     from ada_core.rl.rewards import MathVerifier
 
     pool = load_prompts(dataset, size=pool_size, seed=seed)
-    model_dir, policy, tokenizer = start_model(model, sft_steps, dataset, pool, seed, progress=sft_progress, sft=sft)
-    encode_prompts(tokenizer, pool)
-    engine = TransformersRolloutEngine(policy, tokenizer, micro_batch_size=micro_batch_size)
     sampling = SamplingParams(temperature=temperature, top_p=1.0, max_tokens=max_tokens, seed=seed)
-    with MathVerifier() as verifier:
-        result = curation.curate(pool, engine, verifier, sampling, k=k, ceiling=ceiling, seed=seed,
-                                 positive_threshold=positive_threshold, progress=progress, band=band)
+    shipped_start = shipped_start_of(model, sft_steps, dataset, pool_size, seed, k, max_tokens, temperature,
+                                     positive_threshold, sft) if shipped else None
+    if shipped_start is not None:
+        shipped_start.check_pool(prompts_digest(pool))
+        model_dir = shipped_start.install()
+        with MathVerifier() as verifier:
+            result = curation.curate(pool, None, verifier, sampling, k=k, ceiling=ceiling, seed=seed,
+                                     positive_threshold=positive_threshold, band=band, rates=shipped_start.rates(),
+                                     rates_from=shipped_start.describe())
+    else:
+        from ada_core.engines.transformers_engine import TransformersRolloutEngine
+
+        model_dir, policy, tokenizer = start_model(model, sft_steps, dataset, pool, seed, progress=sft_progress,
+                                                   sft=sft)
+        encode_prompts(tokenizer, pool)
+        engine = TransformersRolloutEngine(policy, tokenizer, micro_batch_size=micro_batch_size)
+        with MathVerifier() as verifier:
+            result = curation.curate(pool, engine, verifier, sampling, k=k, ceiling=ceiling, seed=seed,
+                                     positive_threshold=positive_threshold, progress=progress, band=band)
     curation.save_curated(result, out_dir)
     return {
         "model": str(model_dir),
@@ -68,4 +85,17 @@ def curate_for_model(
         "kept": result.report["kept"],
         "dropped": {f"{stage['stage']}/{reason}": info["count"]
                     for stage in result.report["stages"] for reason, info in stage["dropped"].items()},
+        "start": shipped_start.key if shipped_start is not None else "recipe",
     }
+
+
+def shipped_start_of(model: str, sft_steps: int, dataset: str, pool_size: int, seed: int, k: int, max_tokens: int,
+                     temperature: float, positive_threshold: float, sft: dict[str, Any] | None = None):
+    """The shipped start (`training.shipped.ShippedStart`) whose recipe these curation inputs are, or None:
+    a warm start (sft_steps > 0) of a built-in model on a generator, with every input the manifest's."""
+    from ada_core.training.shipped import recipe, shipped_start_for
+
+    if sft_steps == 0 or Path(model).expanduser().exists():  # a local folder named like a built-in model is not it
+        return None
+    return shipped_start_for(recipe(model, sft_steps, dataset, pool_size, seed, k, max_tokens, temperature,
+                                    positive_threshold, sft))

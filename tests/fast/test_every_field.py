@@ -48,6 +48,12 @@ LABELS = {
     "profile": "the name of the scale profile the config was built from; its values are in the other fields",
 }
 
+# The testbed profile's curation inputs (the recipe of its shipped start, ada_core/data/shipped/testbed/), dotted.
+TESTBED_RECIPE = {"model": "tiny-l4", "sft_steps": 2000, "sft.lr": 1e-3, "sft.prompts": 256000, "sft.carry_slip": 0.75,
+                  "rollout.max_tokens": 8, "data.dataset": "arithmetic", "data.train_size": 18720,
+                  "data.eval_size": 1024, "data.val_size": 256, "data.seed": 0, "data.curation_k": 16,
+                  "data.keep_pass_rate": [0.0625, 0.3125]}
+
 EFFECTS: dict[str, tuple[str, dict[str, Any], Any]] = {
     # the run loop on a simulated engine: what it samples, evaluates and checkpoints, and when
     "seed": ("run", {}, 1),
@@ -122,6 +128,7 @@ EFFECTS: dict[str, tuple[str, dict[str, Any], Any]] = {
     "data.val_size": ("data", {}, 16),
     "sft.prompts": ("sft_draw", {"sft_steps": 1}, 300),
     "sft.carry_slip": ("sft_draw", {"sft_steps": 1}, 0.5),
+    "sft.shipped": ("start", TESTBED_RECIPE, False),
     "data.max_prompt_tokens": ("encode", {}, 6),
     "data.curation_k": ("curation", {}, 2),
     "data.pass_rate_ceiling": ("curation", {}, 0.2),
@@ -378,6 +385,15 @@ def probe_sft_draw(cfg: TrainConfig, tmp_path: Path):
 
     draw = warm_start_prompts(cfg.data.dataset, [], cfg.seed, size=cfg.sft.prompts, carry_slip=cfg.sft.carry_slip)
     return len(draw), [(p.text, p.answer) for p in draw[:200]]
+
+
+def probe_start(cfg: TrainConfig, tmp_path: Path):
+    """Which start a curation of `cfg` begins from (tasks/curation.py): a shipped one or the recipe, and its key."""
+    from ada_core.config.schema import data_seed
+    from tasks.curation import curation_inputs, curation_key, key_inputs
+
+    inputs, start = key_inputs(**curation_inputs(cfg, data_seed(cfg)))
+    return curation_key(inputs), start.key if start is not None else "recipe"
 
 
 def probe_encode(cfg: TrainConfig, tmp_path: Path):

@@ -4,6 +4,10 @@ start is the same from two fresh homes in two processes.
 Tolerances are wide enough for what moves a small sample (binomial noise of 192 prompts) and what moves the
 warm start between CPUs (other kernels give other weights: docs/benchmarks/testbed.md, reproducibility), not
 for what would move the regime itself: a start that solves nearly everything or nearly nothing fails.
+
+These train the recipe, not the start that ships with the package (ada_core/data/shipped/testbed/,
+tests/fast/test_shipped_start.py): `start_model` never takes the shipped one, and the curation here says
+`shipped=False` (its inputs are off the recipe too), so whoever changes the recipe sees what it trains.
 """
 
 from __future__ import annotations
@@ -67,7 +71,7 @@ config = build_config("grpo", "testbed", overrides={"sft_steps": 60, "sft": {"pr
 made = curate_for_model(config.model, config.sft_steps, config.data.dataset, pool_size=64, k=4, ceiling=1.0,
                         seed=data_seed(config), max_tokens=config.rollout.max_tokens, temperature=1.0,
                         positive_threshold=config.sampler.positive_threshold, micro_batch_size=256,
-                        out_dir=sys.argv[1], sft=config.sft.model_dump())
+                        out_dir=sys.argv[1], sft=config.sft.model_dump(), shipped=False)
 kept = [json.loads(line)["id"] for line in open(sys.argv[1] + "/prompts.jsonl")]
 print(json.dumps({"sha256": weights_sha256(made["model"]), "kept": kept}))
 """
