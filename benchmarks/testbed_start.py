@@ -10,7 +10,7 @@ on one core. `--curated` and `--model` package an earlier run of the same (its r
 recipe's params and every pool prompt's pass rate, its model the recipe's SFT settings).
 
 What it writes (`training.shipped` reads it): the model folder; every pool prompt's correct samples of 16;
-for each pool of the paper grid (flows/paper_params.py, PAPER_GRIDS["testbed"]) the curated ids and the
+for each curation band of the paper grid (flows/paper_params.py, TESTBED_BANDS) the curated ids and the
 held-out and validation ids the training split draws from them (the flows' own `training_config` and
 `run_split`, data seed 0); and manifest.json with the recipe, the sha256 of every file, the weights'
 sha256 and the machine and date. Same inputs, same bytes: the gzip files carry no time or name.
@@ -148,7 +148,7 @@ def ids_sha256(ids: list[str]) -> str:
 def write_folder(out: Path, recipe: dict, model_dir: Path, pool, rates: dict[str, float], built: dict) -> dict:
     from ada_core.data import prompts_digest
     from ada_core.models import weights_sha256
-    from flows.paper_params import PAPER_GRIDS
+    from flows.paper_params import TESTBED_BANDS
 
     k = recipe["k"]
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -163,7 +163,7 @@ def write_folder(out: Path, recipe: dict, model_dir: Path, pool, rates: dict[str
         shipped.gzip_json({"k": k, "correct": correct}, staging / shipped.SCORES)
         work = Path(tempfile.mkdtemp(prefix="bands.", dir=staging))
         bands = {name: band_splits(name, overrides, pool, rates, staging / shipped.MODEL_DIR, work)
-                 for name, overrides in PAPER_GRIDS[PROFILE]["pools"].items()}
+                 for name, overrides in TESTBED_BANDS.items()}
         shutil.rmtree(work)
         shipped.gzip_json({name: {key: band[key] for key in ("curated", "held_out", "validation")}
                            for name, band in bands.items()}, staging / shipped.SPLITS)

@@ -32,14 +32,16 @@ PAPER_ADAPTIVE = ["dapo", "ada-pos", "ada-balance", "ada-est"]
 PAPER_RAW_POOL = 8192  # the tiny grid's raw prompts; the hard filter keeps enough of it
 PAPER_HELD_OUT = 512
 REVISIT_POOL = 640  # the testbed's revisit pool: 640 curated training prompts, 5 epochs in 100 steps of 32
+# The testbed's curation bands (the pools that curate differently; `revisit` trains on the standard band's set):
+# the shipped start (ada_core/data/shipped/testbed) holds each one's curated, held-out and validation ids.
+TESTBED_BANDS = {"standard": {}, "hard": {"data.keep_pass_rate": [1 / 16, 2 / 16]}}
 PAPER_GRIDS: dict[str, dict[str, Any]] = {
     "testbed": {
         "seeds": [0, 1, 2, 3, 4],
         "overrides": {"checkpoint_every": 0},  # only the final checkpoint: a killed run reruns
         # revisit: the standard band, a fixed pool of 640 training prompts reused for 5 epochs (100 x 32 draws), as
         # the paper's pool is: the regime where a prompt's history (Est's EMA, the budgeted samplers) has visits.
-        "pools": {"standard": {}, "hard": {"data.keep_pass_rate": [1 / 16, 2 / 16]},
-                  "revisit": {"data.train_pool": REVISIT_POOL}},
+        "pools": {**TESTBED_BANDS, "revisit": {"data.train_pool": REVISIT_POOL}},
     },
     "tiny": {
         "seeds": [0, 1, 2],

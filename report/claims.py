@@ -184,7 +184,7 @@ def matched_text(pool: PoolRuns, method: str) -> str:
     """What Table C adds for `method`: its difference from each budget-matched control at the read step."""
     parts = []
     for row in matched_rows(pool):
-        if row["method"] != method:
+        if row["method"] != method or not row["seeds"]:
             continue
         mean, half = row["step_ci"]
         parts.append(f"vs {', '.join(row['control'])} ({row['kind']}): {relation(mean, half)} {interval(mean, half)}")

@@ -181,14 +181,19 @@ def matched_rows(pool: PoolRuns) -> list[dict]:
         for kind in CONTROL_KINDS:
             pairs = control_pairs(pool, method, kind)
             if not pairs:
+                if f"grpo-{kind}.{method}" in pool.labels:  # its control ran, the method is not read: say why
+                    rows.append({"method": method, "kind": kind, "control": [f"grpo-{kind}.{method}"], "seeds": [],
+                                 "seeds_cell": pool.seeds_cell(method, [], f"grpo-{kind}.{method}")})
                 continue
             seeds = sorted(pairs)
             x = shared_budget(list(pairs.values()), K.BUDGET_GENERATED_SAMPLES_CUM)
             diffs = [value_at(m, K.BUDGET_GENERATED_SAMPLES_CUM, x) - value_at(c, K.BUDGET_GENERATED_SAMPLES_CUM, x)
                      for m, c in pairs.values()]
             at_step = [value_at(m, "step", pool.step) - value_at(c, "step", pool.step) for m, c in pairs.values()]
+            controls = sorted({c.label for _, c in pairs.values()})
             rows.append({
-                "method": method, "kind": kind, "control": sorted({c.label for _, c in pairs.values()}), "seeds": seeds,
+                "method": method, "kind": kind, "control": controls, "seeds": seeds,
+                "seeds_cell": pool.seeds_cell(method, seeds, controls[0] if len(controls) == 1 else None),
                 "budget": x, "diffs": diffs, "ci": mean_ci(diffs), "step_ci": mean_ci(at_step),
                 "updates": (_mean(np.array([updates_at(m, x) for m, _ in pairs.values()])),
                             _mean(np.array([updates_at(c, x) for _, c in pairs.values()]))),
@@ -206,10 +211,13 @@ def table_c_matched(runs_by_pool: dict[str, list[RunCurves]]) -> str:
              "| diff (read step) |", "|" + "---|" * 9]
     for pool in read_pools(runs_by_pool).values():
         for row in matched_rows(pool):
+            head = f"| {pool.name} | {row['method']} | {', '.join(row['control'])} ({row['kind']}) | {row['seeds_cell']} |"
+            if not row["seeds"]:
+                lines.append(head + " n/a |" * 5)
+                continue
             m_s, c_s = row["samples_per_step"]
             m_u, c_u = row["updates"]
-            lines.append(f"| {pool.name} | {row['method']} | {', '.join(row['control'])} ({row['kind']}) | "
-                         f"{len(row['seeds'])} | {m_s:,.0f} / {c_s:,.0f} | {budget_cell([row['budget']])} | "
+            lines.append(f"{head} {m_s:,.0f} / {c_s:,.0f} | {budget_cell([row['budget']])} | "
                          f"{m_u:.0f} / {c_u:.0f} | {diff_cell(*row['ci'])} | {diff_cell(*row['step_ci'])} |")
     return "\n".join(lines)
 

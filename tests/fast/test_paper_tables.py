@@ -146,9 +146,9 @@ def test_table_c_matched_reads_each_method_against_its_controls_at_equal_samples
     by_prompts = [cfg(run("grpo-b.ada", s, [0.1, 0.3, 0.50], 256, 2.0)) for s in (0, 1, 2)]
     text = table_c_matched({"standard": pool() + ada + by_prompts})
     half = T95_2 * 0.01 / math.sqrt(3)
-    assert (f"| standard | ada | grpo-b.ada (b) | 3 | 256 / 256 | 512 | 2 / 2 | **+0.030 [{0.03 - half:+.3f}, "
+    assert (f"| standard | ada | grpo-b.ada (b) | 0,1,2 | 256 / 256 | 512 | 2 / 2 | **+0.030 [{0.03 - half:+.3f}, "
             f"{0.03 + half:+.3f}]** |") in text
     # n = 256 / 32 = 8: grpo-n8's run of each seed is the control (0.5 + 0.02 s)
     row = row_of(text, "standard", "ada", "grpo-n8 (n)")
-    assert row.startswith("| standard | ada | grpo-n8 (n) | 3 | 256 / 256 | 512 | 2 / 2 | +0.010 [")
+    assert row.startswith("| standard | ada | grpo-n8 (n) | 0,1,2 | 256 / 256 | 512 | 2 / 2 | +0.010 [")
     assert "| standard | grpo |" not in text  # GRPO has no controls

@@ -17,7 +17,7 @@ from ada_core.data import data_digest, prompts_digest, run_split
 from ada_core.data.curation import load_curated, pass_rate_histogram
 from ada_core.models import weights_sha256
 from ada_core.training import shipped
-from flows.paper_params import PAPER_GRIDS
+from flows.paper_params import TESTBED_BANDS
 from tasks.curation import _curate_dataset, curation_inputs, curation_key, key_inputs, training_config
 
 TESTBED = shipped.SHIPPED_DIR / "testbed"
@@ -66,7 +66,7 @@ def test_the_testbed_profile_is_the_shipped_recipe_and_sft_shipped_false_is_the_
     """The profile's curation inputs, for every pool of the paper grid, are the manifest's recipe; with
     `sft.shipped` false they are the key a set curated from the recipe always had (no `start` in it)."""
     start = _testbed()
-    for overrides in PAPER_GRIDS["testbed"]["pools"].values():
+    for overrides in TESTBED_BANDS.values():
         config = _pool_config(overrides)
         inputs, found = key_inputs(**curation_inputs(config, data_seed(config)))
         assert found is not None and found.folder == start.folder and inputs["start"] == start.key
@@ -86,7 +86,7 @@ def test_a_fresh_home_curates_the_testbed_from_the_shipped_start_in_seconds(tmp_
     start = _testbed()
     splits = shipped.read_gzip_json(TESTBED / shipped.SPLITS)
     began = time.perf_counter()
-    for name, overrides in PAPER_GRIDS["testbed"]["pools"].items():
+    for name, overrides in TESTBED_BANDS.items():
         config = _pool_config(overrides)
         curated = _curate_dataset(**curation_inputs(config, data_seed(config)))
         assert curated["start"] == start.key

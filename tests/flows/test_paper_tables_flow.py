@@ -48,8 +48,8 @@ def test_smoke_grid_writes_the_three_tables_on_both_parents(prefect_harness, ada
     # run ended: GRPO n = 4 over 8 prompts and GRPO n = 8 over 4, each with 2 updates; C' against grpo
     table_c = markdown.split("### Table C:")[1].split("### Table C'")[0]
     for pool in ("standard", "hard"):
-        assert f"| {pool} | ada-est | grpo-b.ada-est (b) | 1 | 32 / 32 | 64 | 2 / 2 |" in table_c
-        assert f"| {pool} | ada-est | grpo-n.ada-est (n) | 1 | 32 / 32 | 64 | 2 / 2 |" in table_c
+        assert f"| {pool} | ada-est | grpo-b.ada-est (b) | 0 | 32 / 32 | 64 | 2 / 2 |" in table_c
+        assert f"| {pool} | ada-est | grpo-n.ada-est (n) | 0 | 32 / 32 | 64 | 2 / 2 |" in table_c
     table_c_prime = markdown.split("### Table C'")[1].split("### Table D")[0]
     assert "| standard | ada-est | grpo | 0 |" in table_c_prime and "| hard | ada-est | grpo | 0 |" in table_c_prime
     table_b = markdown.split("### Table B")[1].split("### Table C")[0]
@@ -93,11 +93,14 @@ def test_smoke_grid_writes_the_three_tables_on_both_parents(prefect_harness, ada
     (killed["hard"] / "ada-est-s0" / "result.json").unlink()
     partial = bench.run(bench.parse_args(["--smoke", "--out", str(tmp_path / "partial"), "--tables-from",
                                           *(f"{pool}={folder}" for pool, folder in killed.items())]))["markdown"]
-    assert "- pool `hard`: 1 runs finished: grpo-s0; not finished, so not read: ada-est-s0 (last evaluation at step 2)" \
-        in partial
+    assert ("- pool `hard`: 3 runs finished: grpo-s0, grpo-b.ada-est-s0, grpo-n.ada-est-s0; not finished, so not "
+            "read: ada-est-s0 (last evaluation at step 2)") in partial
     assert "left out of every table: ada-est seed 0 (stopped at step 1 of 2)" in partial
-    for table in ("### Table A", "### Table B", "### Table C", "### Table D"):
+    for table in ("### Table A", "### Table B", "### Table C'", "### Table D"):
         section = partial.split(table)[1].split("### ")[0]
         rows = [line for line in section.splitlines() if line.startswith("| standard |") and "| ada-est |" in line]
         assert len(rows) == 1 and "seed 0: stopped at step 1 of 2" in rows[0], (table, section)
+    matched = partial.split("### Table C:")[1].split("### ")[0]  # its controls ran; ada-est is not read: said, per control
+    rows = [line for line in matched.splitlines() if line.startswith("| standard | ada-est |")]
+    assert len(rows) == 2 and all("none (seed 0: stopped at step 1 of 2)" in row for row in rows), matched
     assert "| hard | ada-est |" not in partial.split("### Table A")[1]
