@@ -36,6 +36,7 @@ from ada_core.config import build_config  # noqa: E402
 from ada_core.config.schema import data_seed  # noqa: E402
 from ada_core.training import shipped  # noqa: E402
 from tasks.curation import curation_inputs  # noqa: E402
+from flows.param_form import nest_dotted  # noqa: E402
 
 PROFILE = "testbed"
 
@@ -48,17 +49,6 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def nested(dotted: dict) -> dict:
-    out: dict = {}
-    for key, value in dotted.items():
-        node = out
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return out
 
 
 def recipe_inputs(config) -> dict:
@@ -116,7 +106,7 @@ def band_splits(name: str, config_overrides: dict, pool, rates: dict[str, float]
 
     from ada_core.config.applies import run_facts
 
-    config = build_config("grpo", PROFILE, overrides=nested(config_overrides), facts=run_facts(True, "cpu"))
+    config = build_config("grpo", PROFILE, overrides=nest_dotted(config_overrides), facts=run_facts(True, "cpu"))
     sampling = SamplingParams(temperature=config.rollout.temperature, top_p=1.0, max_tokens=config.rollout.max_tokens,
                               seed=data_seed(config))
     with MathVerifier() as verifier:
