@@ -50,8 +50,9 @@ def fill_budget(gain: Callable[[int, int], float], count: int, budget: int, firs
 
     Greedy by gain per sample: a prompt at 0 may take a chunk of `first` (per-sample gain gain(i, first) /
     first), one at k >= first one more (gain(i, k + 1) - gain(i, k)); the best that fits goes first, ties to the
-    earlier prompt. A budget the gains leave (all zero) goes one at a time to the open prompts below `cap` with
-    the fewest samples; a remainder below `first` opens one more prompt with samples moved from the largest.
+    earlier prompt. A budget the gains leave (all zero) opens the next prompts with a chunk each, then goes one
+    at a time to the open prompts below `cap` with the fewest samples; a remainder below `first` with every open
+    prompt at `cap` opens one more prompt with samples moved from the largest.
     ValueError when `budget` cannot be spread: more than count x cap.
     """
     alloc = list(start) if start is not None else [0] * count
@@ -80,29 +81,32 @@ def fill_budget(gain: Callable[[int, int], float], count: int, budget: int, firs
         remaining -= step
         push(i)
     while remaining > 0:  # gains exhausted (or only whole chunks were left): keep the budget exact
+        closed = [i for i in range(count) if alloc[i] == 0]
         open_ = [i for i in range(count) if 0 < alloc[i] < cap]
-        if open_:
+        if closed and remaining >= first:  # spread first: open the next prompt with a chunk
+            alloc[closed[0]] += first
+            remaining -= first
+        elif open_:
             i = min(open_, key=lambda j: (alloc[j], j))
             alloc[i] += 1
             remaining -= 1
-            continue
-        j = alloc.index(0)  # exists: budget <= count x cap and every open prompt is at cap
-        take = first - remaining
-        for i in sorted(range(count), key=lambda i: (-alloc[i], i)):
-            moved = min(take, alloc[i] - first)
-            if moved > 0:
-                alloc[i] -= moved
-                take -= moved
-            if take == 0:
-                break
-        alloc[j], remaining = first, 0
+        else:  # every open prompt at cap, less than a chunk left: open one with samples moved from the largest
+            take = first - remaining
+            for i in sorted(range(count), key=lambda i: (-alloc[i], i)):
+                moved = min(take, alloc[i] - first)
+                if moved > 0:
+                    alloc[i] -= moved
+                    take -= moved
+                if take == 0:
+                    break
+            alloc[closed[0]], remaining = first, 0
     return alloc
 
 
 def knapsack_value(a: float, b: float, k: int) -> float:
     """Knapsack RL's task value for k samples, from a Beta(a, b) belief: P(the k-group is mixed) x InfoGain(p_hat),
     InfoGain(p) = p (1 - p)^2 (the paper's approximation), p_hat = a / (a + b). P(mixed) is the Beta-binomial
-    1 - E[p^k] - E[(1-p)^k] (ours; the paper plugs p_hat in). Beta(1, 3), k = 4: (1 - 1/35 - 2/7) x (1/4)(9/16)."""
+    1 - E[p^k] - E[(1-p)^k] (ours; the paper plugs p_hat in). Beta(1, 3), k = 4: (1 - 1/35 - 3/7) x (1/4)(3/4)^2 = 19/35 x 9/64."""
     p = a / (a + b)
     return mixed_prob(a, b, k) * p * (1.0 - p) ** 2
 
