@@ -106,7 +106,8 @@ def fill_budget(gain: Callable[[int, int], float], count: int, budget: int, firs
 def knapsack_value(a: float, b: float, k: int) -> float:
     """Knapsack RL's task value for k samples, from a Beta(a, b) belief: P(the k-group is mixed) x InfoGain(p_hat),
     InfoGain(p) = p (1 - p)^2 (the paper's approximation), p_hat = a / (a + b). P(mixed) is the Beta-binomial
-    1 - E[p^k] - E[(1-p)^k] (ours; the paper plugs p_hat in). Beta(1, 3), k = 4: (1 - 1/35 - 3/7) x (1/4)(3/4)^2 = 19/35 x 9/64."""
+    1 - E[p^k] - E[(1-p)^k] (ours; the paper plugs p_hat in).
+    Beta(1, 3), k = 4: (1 - 1/35 - 3/7) x (1/4)(3/4)^2 = 19/35 x 9/64."""
     p = a / (a + b)
     return mixed_prob(a, b, k) * p * (1.0 - p) ** 2
 
