@@ -34,7 +34,7 @@ from ada_core.data.source import PromptSource
 from ada_core.protocols import RolloutEngine, SamplingParams, Verifier
 from ada_core.records import Group, Prompt, PromptPool, RolloutBatch
 from ada_core.sampling.allocation import PromptHistory, mixed_prob, moment, uniform_prob
-from ada_core.sampling.rounds import check_prompts, draw_and_score, finish_batch, make_group
+from ada_core.sampling.rounds import EXIT_RULES, check_prompts, draw_and_score, finish_batch, make_group
 from ada_core.sampling.samplers import elimination_rounds
 from ada_core.sampling.step_metrics import StepClock
 
@@ -476,7 +476,7 @@ class AdaV3wSampler:
                 weights.append(weight)
         extra = {"sampler/v3w_weight_max": float(max(weights, default=1.0))}
         return finish_batch(pools, groups, clock, self.cfg, [self.ada.exit_rule, "unresolved"], extra,
-                            needed=_needed(self.ada))
+                            needed=EXIT_RULES[self.ada.exit_rule](self.ada.n))
 
     def state_dict(self) -> None:
         return None
@@ -491,9 +491,3 @@ class AdaV3wSampler:
 def v3_weight(positives: int, size: int, eps: float) -> float:
     """1 / sqrt(p_hat + eps), p_hat = positives / size of the whole pool. 2 of 8, eps 0 -> 2.0."""
     return 1.0 / math.sqrt(positives / size + eps)
-
-
-def _needed(cfg: SamplerConfig) -> tuple[int, int]:
-    from ada_core.sampling.rounds import EXIT_RULES
-
-    return EXIT_RULES[cfg.exit_rule](cfg.n)
