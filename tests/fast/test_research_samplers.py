@@ -300,3 +300,47 @@ def test_each_is_a_preset_of_the_testbed_and_a_row_of_ada_simulate():
     rows = {line.split("|")[1].strip(): line for line in out.output.splitlines() if line.startswith("| ")}
     assert {"knapsack", "pilot", "greso", "ada-v3w"} <= set(rows)
     assert rows["knapsack"].split("|")[4].strip() == "64"  # gen/step: B x n
+
+
+@pytest.mark.parametrize("name, option, default, other", [
+    ("knapsack", "forget", 0.9, 0.2),
+    ("knapsack", "prior_weight", 1.0, 0.0),
+    ("knapsack", "min_samples", 2, 4),
+    ("knapsack", "max_samples", 16, 4),
+    ("pilot", "pilot", 2, 1),
+    ("pilot", "max_samples", 8, 4),
+    ("pilot", "value", "mixed", "signal"),
+    ("greso", "skip_above", 0.8, 0.5),
+    ("greso", "explore_prob", 0.1, 1.0),
+    ("greso", "explore_after", 3, 1),
+    ("greso", "forget", 0.9, 0.3),
+    ("greso", "max_draw", 4.0, 1.0),
+    ("ada_v3w", "exit_rule", "balance", "pos"),
+    ("ada_v3w", "M", 8, 4),
+    ("ada_v3w", "N", 4, 2),
+    ("ada_v3w", "unresolved", "keep", "drop"),
+    ("ada_v3w", "eps", 1e-6, 0.5),
+])
+def test_every_option_changes_what_the_sampler_does(name, option, default, other):
+    """Eight steps over a pool of 24 prompts revisited every 3 steps (curated, 20% never and 15% always pass);
+    greso skips from P_uniform 0.6 (its other options act on what it skips)."""
+    base = {"skip_above": 0.6} if name == "greso" and option != "skip_above" else {}
+
+    def run(value):
+        dataset = make_prompts(24, np.random.default_rng(0), curation_k=8)
+        s, source = sampler(name, **{**base, option: value}), PromptSource(dataset, seed=0)
+        out = []
+        for t in range(8):
+            batch = step(s, source.take(8), t, source)
+            out.append([(p.prompt.id, len(p.samples)) for p in batch.pools])
+            out.append([round(a, 9) for g in batch.groups for a in g.advantages])
+        return out
+
+    assert options_default(name, option) == default
+    assert run(default) != run(other)
+
+
+def options_default(name: str, option: str):
+    from ada_core.config.registry import get_sampler
+
+    return get_sampler(name).options.model_fields[option].default
