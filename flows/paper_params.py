@@ -28,8 +28,8 @@ from flows.run_params import CompareParams
 #   epochs as in the paper; standard = the tiny curation (k 8, 0 < p <= 0.875); 3 seeds.
 PAPER_METHODS = ["grpo", "grpo-n8", "grpo-n16", "dapo", "ada-pos", "ada-balance", "ada-est"]
 # The methods whose samples a step differ from GRPO n = 4's: each gets budget-matched GRPO controls (CompareParams.controls).
-# ada-v3w (a research sampler, ada_core/sampling/research.py) spends Ada's samples; knapsack and pilot spend GRPO n = 4's
-# B x n exactly (grpo is their control), greso at most that.
+# ada-v3w (a research sampler, ada_core/sampling/research.py) spends Ada's samples; knapsack and pilot spend
+# GRPO n = 4's B x n exactly (grpo is their control), greso at most that.
 PAPER_ADAPTIVE = ["dapo", "ada-pos", "ada-balance", "ada-est", "ada-v3w"]
 PAPER_RAW_POOL = 8192  # the tiny grid's raw prompts; the hard filter keeps enough of it
 PAPER_HELD_OUT = 512
