@@ -344,3 +344,28 @@ def options_default(name: str, option: str):
     from ada_core.config.registry import get_sampler
 
     return get_sampler(name).options.model_fields[option].default
+
+
+@pytest.mark.parametrize("preset", ["knapsack", "pilot", "greso", "ada-v3w"])
+def test_the_training_loops_rollout_step_runs_each_preset_and_logs_its_budget(preset, tmp_path):
+    """`run_steps` with the real rollout and evaluate steps on the Bernoulli engine (the update needs a model and
+    is left out, as tests/fast/test_every_field.py's probe does): the platform logs each step's budget and the
+    sampler's own metrics."""
+    from ada_core.run.files import read_metrics
+    from ada_core.training.loop import RunState, StepFunctions, evaluate, rollout_step, run_steps
+
+    cfg = build_config(preset, "tiny", overrides={"steps": 3, "prompts_per_step": 8, "eval_every": 0})
+    prompts = make_prompts(40, np.random.default_rng(0), curation_k=4)
+    state = RunState(config=cfg, output_dir=tmp_path, tokenizer=None, rollout=BernoulliEngine(), updater=None,
+                     verifier=BernoulliVerifier(), source=PromptSource(prompts[:16], seed=cfg.seed),
+                     eval_prompts=prompts[32:], rng=np.random.default_rng(cfg.seed),
+                     sampler=make_sampler(cfg.sampler, cfg.advantage))
+    run_steps(state, StepFunctions(rollout=rollout_step, update=lambda state, batch: {}, evaluate=evaluate,
+                                   checkpoint=lambda state: tmp_path))
+    rows = [row for row in read_metrics(tmp_path) if "budget/generated_samples" in row]
+    assert len(rows) == 3
+    if preset != "ada-v3w":  # the fixed-budget samplers spend B x n = 32 a step (greso: replacements suffice here)
+        assert [row["budget/generated_samples"] for row in rows] == [32.0] * 3
+    own = {"knapsack": "sampler/knapsack_max_k", "pilot": "sampler/pilot_mixed_frac", "greso": "sampler/skipped",
+           "ada-v3w": "sampler/v3w_weight_max"}[preset]
+    assert all(own in row for row in rows)
