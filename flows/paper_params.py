@@ -28,7 +28,9 @@ from flows.run_params import CompareParams
 #   epochs as in the paper; standard = the tiny curation (k 8, 0 < p <= 0.875); 3 seeds.
 PAPER_METHODS = ["grpo", "grpo-n8", "grpo-n16", "dapo", "ada-pos", "ada-balance", "ada-est"]
 # The methods whose samples a step differ from GRPO n = 4's: each gets budget-matched GRPO controls (CompareParams.controls).
-PAPER_ADAPTIVE = ["dapo", "ada-pos", "ada-balance", "ada-est"]
+# ada-v3w (a research sampler, ada_core/sampling/research.py) spends Ada's samples; knapsack and pilot spend
+# GRPO n = 4's B x n exactly (grpo is their control), greso at most that.
+PAPER_ADAPTIVE = ["dapo", "ada-pos", "ada-balance", "ada-est", "ada-v3w"]
 PAPER_RAW_POOL = 8192  # the tiny grid's raw prompts; the hard filter keeps enough of it
 PAPER_HELD_OUT = 512
 REVISIT_POOL = 640  # the testbed's revisit pool: 640 curated training prompts, 5 epochs in 100 steps of 32
@@ -88,7 +90,7 @@ class PaperTablesParams(FlowParams):
     )
     controls: bool = Field(
         True, description="Budget-matched GRPO controls for every adaptive method of `methods` (dapo, ada-pos, "
-        "ada-balance, ada-est): GRPO n = 4 over as many prompts a step as match its samples, and GRPO at n = its "
+        "ada-balance, ada-est, ada-v3w): GRPO n = 4 over as many prompts a step as match its samples, and GRPO at n = its "
         "samples a prompt, each with its number of updates, so Table C compares at equal samples and updates.")
     curate: bool = Field(True, description="Difficulty-filter each pool's prompts with the starting model (the "
                          "pools are filters: off, both train on the raw prompts).")

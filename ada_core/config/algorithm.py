@@ -21,8 +21,9 @@ class SamplerConfig(_Strict):
         "sampling, `ada` = Reinforce-Ada successive elimination, `budgeted` = a fixed per-step budget spent "
         "by `allocation` (ada_core/sampling/allocation.py), `est` = Reinforce-Ada-Est (paper v3): each "
         "prompt's pass rate estimated from its history, N_x proportional to 1/sqrt(p_hat) within [est_min, "
-        "est_max], the step's budget in one call. Or any sampler registered with `register_sampler` "
-        "(docs/SAMPLERS.md).",
+        "est_max], the step's budget in one call. The research samplers `knapsack`, `pilot`, `greso` and "
+        "`ada_v3w` (ada_core/sampling/research.py; docs/ALGORITHM.md, Research samplers). Or any sampler registered "
+        "with `register_sampler` (docs/SAMPLERS.md).",
         json_schema_extra=ALWAYS,
     )
     options: dict[str, Any] = Field(
@@ -30,7 +31,8 @@ class SamplerConfig(_Strict):
         validate_default=True,  # a plugin's defaults are filled in (and logged) when no option is given
         description="The options of a registered sampler of your own (`register_sampler(name, options=...)`; "
         "docs/SAMPLERS.md), validated by its options model, defaults filled in; logged as `sampler.options.<field>`. "
-        "The built-in samplers take none: their fields are the ones here.",
+        "The platform's five samplers take none: their fields are the ones here. The research samplers' options: "
+        "docs/ALGORITHM.md, Research samplers.",
         json_schema_extra=ALWAYS,
     )
     n: int = Field(4, ge=2, description="Final group size per prompt (samples trained on). Paper/ref: 4.",

@@ -49,6 +49,11 @@ PLUGINS_ENV = "ADA_SAMPLERS"
 BUILTIN = {name: f"ada_core.sampling.samplers:{cls}" for name, cls in (
     ("fixed", "FixedSampler"), ("dynamic_filter", "DynamicFilterSampler"), ("ada", "AdaSampler"),
     ("budgeted", "BudgetedSampler"), ("est", "EstSampler"))}
+# The research samplers (issue #37; ada_core/sampling/research.py): registered through the same decorator, with
+# options and presets of their own, imported the first time the registry is read (`load_plugins`), so a config,
+# a preset list or the paper grid sees them without ada_core.sampling imported first.
+RESEARCH_MODULE = "ada_core.sampling.research"
+RESEARCH = ("knapsack", "pilot", "greso", "ada_v3w")
 # What a registered sampler's preset may set: the algorithm fields (ada_core/config/presets.py ALGORITHM_FIELDS)
 # a sampler of one's own reads; the other algorithm fields belong to built-in samplers.
 PRESET_FIELDS = ("sampler.n", "sampler.options", "advantage.name")
@@ -208,6 +213,13 @@ def load_plugins() -> None:
     """Import every `ada_platform.samplers` entry point and every `$ADA_SAMPLERS` item not imported yet;
     `PluginError` naming the first that fails."""
     global _ENTRY_POINTS
+    if RESEARCH_MODULE not in _LOADED:
+        _LOADED.add(RESEARCH_MODULE)  # first: the module's own registry reads must not import it again
+        try:
+            importlib.import_module(RESEARCH_MODULE)
+        except BaseException:
+            _LOADED.discard(RESEARCH_MODULE)
+            raise
     if _ENTRY_POINTS is None:  # read once per process: installing a package needs a new process anyway
         _ENTRY_POINTS = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
     for ep in _ENTRY_POINTS:
@@ -247,13 +259,13 @@ def load_plugins() -> None:
 
 
 def sampler_names() -> list[str]:
-    """Every registered sampler's name, built-in ones first."""
+    """Every registered sampler's name: the platform's five, the research samplers, then the plugins'."""
     load_plugins()
-    return sorted(_SAMPLERS, key=lambda n: (not _SAMPLERS[n].builtin, n))
+    return sorted(_SAMPLERS, key=lambda n: (n not in BUILTIN, n not in RESEARCH, n))
 
 
 def specs() -> list[SamplerSpec]:
-    """Every registered sampler, built-in ones first."""
+    """Every registered sampler, in `sampler_names` order."""
     return [_SAMPLERS[name] for name in sampler_names()]
 
 

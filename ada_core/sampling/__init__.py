@@ -6,6 +6,7 @@
 - `allocation`: the budgeted sampler's per-prompt history and allocation policy.
 - `step_metrics`: the sampler/*, budget/*, reward/* metrics of one step.
 - `budget`: equal-budget accounting (matched GRPO, compute).
+- `research`: the research samplers knapsack, pilot, greso and ada_v3w (issue #37; docs/ALGORITHM.md).
 - `simulate`: every sampler against Bernoulli prompts, no model (`ada simulate`).
 
 The package exports the samplers, the registry and the round primitives (a sampler of your own needs
@@ -43,6 +44,7 @@ from ada_core.sampling.samplers import (
     make_sampler,
 )
 from ada_core.protocols import Sampler
+from ada_core.sampling import research  # noqa: F401  the research samplers register (issue #37)
 from ada_core.sampling.step_metrics import StepClock
 
 __all__ = [

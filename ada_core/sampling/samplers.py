@@ -222,47 +222,57 @@ class AdaSampler:
             raise RuntimeError("sampler.carry_over: the sampler draws its own prompts; call carry_step")  # a bug
         if self.cfg.schedule == "streaming":  # per-sample exits with aborts: ada_core/sampling/streaming.py
             return run_streaming(self.cfg, self.advantage, prompts, engine, verifier, sampling, rng)
-        clock = StepClock()
-        check_prompts(prompts)
-        cfg, threshold = self.cfg, self.cfg.positive_threshold
-        pools = [PromptPool(p) for p in prompts]
-        active = list(range(len(pools)))
-        spent = 0
-        for r in range(cfg.N):
-            if not active:
-                break
-            remaining = None if cfg.global_sample_cap is None else cfg.global_sample_cap - spent
-            want = cfg.first_round if r == 0 else cfg.M
-            alloc = allocate_round(want, [len(pools[i].samples) for i in active], remaining)
-            sampled = [(i, k) for i, k in zip(active, alloc) if k > 0]
-            if not sampled:
-                break  # the global cap is spent
-            clock.active_per_round.append(len(active))
-            drawn = draw_and_score([(pools[i].prompt, k) for i, k in sampled], r, engine, verifier, sampling, rng, clock)
-            for (i, _), samples in zip(sampled, drawn):
-                pools[i].samples.extend(samples)
-            spent += sum(alloc)
-            for i in active:
-                pools[i].rounds = r + 1
-            # Exit is checked only here, at the END of the round: p_hat sees the whole last round.
-            still_active = []
-            for i in active:
-                if has_exited(pools[i], cfg.exit_rule, cfg.n, threshold):
-                    pools[i].exit_reason = cfg.exit_rule
-                else:
-                    still_active.append(i)
-            active = still_active
+        pools, groups, clock = elimination_rounds(self.cfg, self.advantage, prompts, engine, verifier, sampling, rng)
+        return finish_batch(pools, groups, clock, self.cfg, [self.cfg.exit_rule, "unresolved"])
 
-        downsample, unresolved = DOWNSAMPLERS[cfg.downsample], set(active)
-        groups = []
-        for i, pool in enumerate(pools):
-            if i in unresolved:
-                pool.exit_reason = "unresolved"
-                # A pool smaller than n cannot fill a group (the cap stopped it early): dropped either way.
-                if cfg.unresolved == "drop" or len(pool.samples) < cfg.n:
-                    continue
-            groups.append(make_group(pool, downsample(pool.samples, cfg.n, threshold, rng), self.advantage, threshold))
-        return finish_batch(pools, groups, clock, cfg, [cfg.exit_rule, "unresolved"])
+
+def elimination_rounds(cfg: SamplerConfig, advantage: AdvantageConfig, prompts: list[Prompt], engine: RolloutEngine,
+                       verifier: Verifier, sampling: SamplingParams, rng: np.random.Generator,
+                       ) -> tuple[list[PromptPool], list[Group], StepClock]:
+    """Reinforce-Ada's successive elimination with round barriers (the module docstring): every pool, the kept
+    groups (downsampled to n, advantages against the whole pool) and the step's clock. `AdaSampler` runs it, and
+    so does a sampler that reweights Ada's groups (`ada_v3w`, ada_core/sampling/research.py)."""
+    clock = StepClock()
+    check_prompts(prompts)
+    threshold = cfg.positive_threshold
+    pools = [PromptPool(p) for p in prompts]
+    active = list(range(len(pools)))
+    spent = 0
+    for r in range(cfg.N):
+        if not active:
+            break
+        remaining = None if cfg.global_sample_cap is None else cfg.global_sample_cap - spent
+        want = cfg.first_round if r == 0 else cfg.M
+        alloc = allocate_round(want, [len(pools[i].samples) for i in active], remaining)
+        sampled = [(i, k) for i, k in zip(active, alloc) if k > 0]
+        if not sampled:
+            break  # the global cap is spent
+        clock.active_per_round.append(len(active))
+        drawn = draw_and_score([(pools[i].prompt, k) for i, k in sampled], r, engine, verifier, sampling, rng, clock)
+        for (i, _), samples in zip(sampled, drawn):
+            pools[i].samples.extend(samples)
+        spent += sum(alloc)
+        for i in active:
+            pools[i].rounds = r + 1
+        # Exit is checked only here, at the END of the round: p_hat sees the whole last round.
+        still_active = []
+        for i in active:
+            if has_exited(pools[i], cfg.exit_rule, cfg.n, threshold):
+                pools[i].exit_reason = cfg.exit_rule
+            else:
+                still_active.append(i)
+        active = still_active
+
+    downsample, unresolved = DOWNSAMPLERS[cfg.downsample], set(active)
+    groups = []
+    for i, pool in enumerate(pools):
+        if i in unresolved:
+            pool.exit_reason = "unresolved"
+            # A pool smaller than n cannot fill a group (the cap stopped it early): dropped either way.
+            if cfg.unresolved == "drop" or len(pool.samples) < cfg.n:
+                continue
+        groups.append(make_group(pool, downsample(pool.samples, cfg.n, threshold, rng), advantage, threshold))
+    return pools, groups, clock
 
 
 @register_sampler("budgeted", presets={})  # its presets: ada_core/config/presets.py

@@ -223,7 +223,7 @@ class BudgetOracle:
 
 def default_methods() -> dict[str, object]:
     """Method name -> sampler: GRPO n = 4..32, DAPO, Ada (reference M=8 and tiny-profile M=4), oracle, the
-    budgeted samplers and every registered plugin sampler's presets."""
+    budgeted samplers, the research samplers' presets and every registered plugin sampler's."""
     grpo, global_mean = AdvantageConfig(name="grpo"), AdvantageConfig(name="global_mean")
     methods: dict[str, object] = {
         f"grpo-n{n}": make_sampler(SamplerConfig(name="fixed", n=n), grpo) for n in (4, 8, 16, 32)
@@ -241,15 +241,16 @@ def default_methods() -> dict[str, object]:
 
 
 def registered_methods() -> dict[str, object]:
-    """Every preset of a sampler registered from outside the platform (a plugin; docs/SAMPLERS.md), by preset
-    name: its sampler and advantage sections over the defaults, as `ada train --preset` builds them."""
+    """Every preset a sampler brought through `register_sampler(presets=...)`, by preset name: the research samplers
+    (ada_core/sampling/research.py) and every plugin's (docs/SAMPLERS.md), built from their sampler and advantage
+    sections over the defaults, as `ada train --preset` builds them."""
     from ada_core.config.presets import PRESETS, preset_names
     from ada_core.config.registry import get_sampler
 
     methods: dict[str, object] = {}
     for preset in preset_names():
         section = PRESETS[preset]
-        if not get_sampler(section["sampler"]["name"]).builtin:
+        if preset in get_sampler(section["sampler"]["name"]).presets:
             methods[preset] = make_sampler(SamplerConfig(**section["sampler"]), AdvantageConfig(**section["advantage"]))
     return methods
 

@@ -98,7 +98,10 @@ def draw(cfg: SamplerConfig, advantage: AdvantageConfig | None = None, steps: in
 def test_the_built_in_samplers_are_registered_through_the_same_decorator():
     assert sampler_names()[:5] == ["ada", "budgeted", "dynamic_filter", "est", "fixed"]
     assert get_sampler("ada").cls is AdaSampler and get_sampler("est").cls is EstSampler
-    assert all(get_sampler(n).builtin and get_sampler(n).options is None for n in sampler_names())
+    assert all(get_sampler(n).builtin and get_sampler(n).options is None for n in sampler_names()[:5])
+    # then the research samplers (ada_core/sampling/research.py), shipped with options of their own
+    assert sampler_names()[5:9] == ["ada_v3w", "greso", "knapsack", "pilot"]
+    assert all(get_sampler(n).builtin and get_sampler(n).options is not None for n in sampler_names()[5:9])
     assert isinstance(make_sampler(SamplerConfig(name="fixed"), AdvantageConfig()), FixedSampler)
 
 
@@ -141,7 +144,8 @@ def test_a_name_taken_is_refused_naming_who_has_it():
 def test_an_unknown_sampler_name_lists_the_registered_ones():
     define()
     with pytest.raises(ConfigError, match=r"^invalid config: sampler.name: unknown sampler 'nope'; choose from "
-                                          r"\['ada', 'budgeted', 'dynamic_filter', 'est', 'fixed', 'take_k'\]"):
+                                          r"\['ada', 'budgeted', 'dynamic_filter', 'est', 'fixed', 'ada_v3w', 'greso', 'knapsack', 'pilot', "
+                                          r"'take_k'\]"):
         build_config("grpo", "tiny", overrides={"sampler": {"name": "nope"}})
 
 
@@ -293,7 +297,7 @@ def test_an_installed_packages_entry_point_registers_its_sampler(tmp_path):
         register_sampler("myplug", presets={{"myplug": {{}}}})(module.SecondChanceSampler)
     """)
     code = ("from ada_core.config import build_config; c = build_config('myplug', 'tiny'); "
-            "print(c.sampler.name, sorted(__import__('ada_core.sampling').sampling.sampler_names())[-2:])")
+            "print(c.sampler.name, __import__('ada_core.sampling').sampling.sampler_names()[-2:])")  # plugins last
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["myplug", "['myplug',", "'second_chance']"]

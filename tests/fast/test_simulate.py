@@ -106,7 +106,7 @@ def test_default_methods_cover_the_comparison():
     assert set(default_methods()) == {
         "grpo-n4", "grpo-n8", "grpo-n16", "grpo-n32", "dapo", "ada-pos-m8", "ada-balance-m8",
         "ada-pos-m4", "ada-balance-m4", "oracle-mixed", "oracle-balance", "ada-posterior", "ada-budget", "oracle-budget",
-        "ada-est",
+        "ada-est", "knapsack", "pilot", "greso", "ada-v3w",  # the research samplers' presets
     }
 
 
