@@ -213,16 +213,16 @@ def book_blocks(paths: list[str | Path], methods: list[str]) -> dict[str, str]:
 BEGIN, END = "<!-- claims:begin {name} from {files} -->", "<!-- claims:end -->"
 
 
-def blocks_in(text: str) -> dict[str, tuple[list[str], str]]:
-    """The book's blocks: name -> (the files its marker names, the text between the markers)."""
-    out = {}
+def blocks_in(text: str) -> list[tuple[str, list[str], str]]:
+    """The book's blocks, in order: (name, the files its marker names, the text between the markers)."""
+    out = []
     lines = text.splitlines(keepends=True)
     for i, line in enumerate(lines):
         if line.startswith("<!-- claims:begin "):
             head = line.strip()[len("<!-- claims:begin "):-len(" -->")]
             block_name, _, files = head.partition(" from ")
             j = next(k for k in range(i + 1, len(lines)) if lines[k].startswith(END))
-            out[block_name] = (files.split(), "".join(lines[i + 1:j]))
+            out.append((block_name, files.split(), "".join(lines[i + 1:j])))
     return out
 
 
