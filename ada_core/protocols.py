@@ -44,6 +44,12 @@ class RolloutEngine(Protocol):
         """Return, for each `(prompt, k)` request, exactly k unscored Samples (reward None)."""
         ...
 
+    def generate_between_loads(self, requests: Sequence[tuple[Prompt, int]],
+                               sampling: SamplingParams) -> list[list[Sample]]:
+        """`generate` for a call that no weight load interrupts (evaluation runs between loads): reproducible
+        from `sampling.seed` even where `generate` is not (partial rollout streams it unseeded)."""
+        return self.generate(requests, sampling)
+
     def sync_weights(self, module: Any, version: int) -> dict[str, float]:
         """Serve `module`'s weights as weight version `version`; returns `sync/*` metrics.
         An in-process engine shares the module: nothing to send."""

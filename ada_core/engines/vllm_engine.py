@@ -13,7 +13,9 @@ Conventions match `transformers_engine` (the update engine relies on them):
 - `truncated` is True when vLLM finished for length.
 
 Seeding: request i gets seed hash(sampling.seed, i); vLLM gives copy j of it seed + j. So the same
-call seed gives the same samples.
+call seed gives the same samples. Under partial rollout `generate` is streamed and unseeded (a load may
+split its samples; ada_core/engines/vllm_stream.py says why), and `generate_between_loads`, which
+evaluation calls, keeps the seeded requests: no load runs during an evaluation.
 
 Weight sync, once per training step (`sync_weights`), never per sampler round:
 1. write the updated weights as safetensors to a sync folder (on /dev/shm where it exists);
@@ -36,7 +38,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,17 +87,22 @@ class VLLMRolloutEngine(RolloutEngine):
     `$ADA_VLLM_API_KEY` (none: requests go without, for a server started without a key).
 
     A constructor that fails releases what it made (client, threads, sync folder); the server
-    stays with its caller.
+    stays with its caller. `decode(ids)`: the tokenizer's text of completion ids without special tokens
+    (`completion_decoder`); partial rollout needs it, for a sample resumed after a load.
     """
 
     def __init__(self, base_url: str, *, server: VLLMServer | None = None, concurrency: int = 64,
                  request_timeout_s: float = 600.0, sync_root: str | Path | None = None,
                  sleep_during_update: bool = False, model_name: str | None = None, api_key: str | None = None,
-                 partial: bool = False):
+                 partial: bool = False, decode: Callable[[list[int]], str] | None = None):
         if concurrency < 1:
             raise ValueError(f"rollout.vllm.concurrency must be >= 1, got {concurrency}")
         if sleep_during_update:
             check_sleep_supported()
+        if partial and decode is None:
+            raise ValueError("rollout.partial_rollout decodes a resumed sample's text from its token ids: the engine "
+                             "needs the tokenizer's decode (`decode`)")
+        self.decode = decode
         self.base_url = base_url.rstrip("/")
         self.server = server
         self.concurrency = concurrency
@@ -122,10 +129,18 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def generate(self, requests: Sequence[tuple[Prompt, int]], sampling: SamplingParams) -> list[list[Sample]]:
         """Return, for each `(prompt, k)` request, exactly k unscored Samples, in request order."""
+        if not self.partial:
+            return self.generate_between_loads(requests, sampling)
+        check_requests(requests, sampling)  # streamed, so a weight load can stop and resume them; unseeded
+        base_seed = sampling.seed if sampling.seed is not None else random.SystemRandom().getrandbits(62)
+        return generate_streamed(self, requests, sampling, base_seed)
+
+    def generate_between_loads(self, requests: Sequence[tuple[Prompt, int]],
+                               sampling: SamplingParams) -> list[list[Sample]]:
+        """`generate` for a call no weight load can interrupt (evaluation): one seeded request per row even
+        under partial rollout, so the same call seed gives the same samples."""
         check_requests(requests, sampling)
         base_seed = sampling.seed if sampling.seed is not None else random.SystemRandom().getrandbits(62)
-        if self.partial:  # streamed, so a weight load can stop and resume them; the same seeds, the same samples
-            return generate_streamed(self, requests, sampling, base_seed)
         futures = {i: self._pool.submit(self._complete, prompt, k, row_seed(base_seed, i, 0) >> 1, sampling)
                    for i, (prompt, k) in enumerate(requests) if k > 0}
         return [futures[i].result() if i in futures else [] for i in range(len(requests))]
@@ -158,7 +173,8 @@ class VLLMRolloutEngine(RolloutEngine):
             self._streamer = VLLMSampleStreamer(self.base_url, self.model_name, concurrency=self.concurrency,
                                                 request_timeout_s=self._request_timeout_s, meter=self.meter,
                                                 error=self._server_error, headers=self._headers,
-                                                partial=self.partial, version=self.weight_version)
+                                                partial=self.partial, version=self.weight_version,
+                                                decode=self.decode)
         return self._streamer.submit(prompt, seed, count, sampling)
 
     # --- weight sync ---------------------------------------------------------------------------
@@ -205,7 +221,7 @@ class VLLMRolloutEngine(RolloutEngine):
                       stage="reload_weights", version=version)
             reset = self._rpc("/reset_prefix_cache", stage="reset_prefix_cache", version=version)
             if not (isinstance(reset, dict) and reset.get("success") is True):
-                raise WeightSyncError(f"weight sync to version {version}: /reset_prefix_cache answered {reset!r}; "
+                raise WeightSyncError(f"weight sync to version {version}: {self.base_url}/reset_prefix_cache answered {reset!r}; "
                                       "KV blocks from the old weights could be reused")
             self._rpc("/update_weight_version", {"new_version": str(version)}, stage="update_weight_version",
                       version=version)
@@ -227,13 +243,27 @@ class VLLMRolloutEngine(RolloutEngine):
         version's. A failed reload resumes them on the weights the server still holds, stamped so.
         Returns the samples frozen. vLLM's pause(mode="keep") would keep their KV blocks instead, but
         the tokens a frozen request had generated and not yet streamed would come back after the resume
-        with the new tokens, and could not be told apart from them."""
-        frozen = self._streamer.freeze() if self._streamer is not None else 0
-        try:
+        with the new tokens, and could not be told apart from them.
+
+        A failure anywhere (the freeze, the reload, the thaw) fails every sample not yet handed over with one
+        error naming this server (a dead server's carries its log tail, and a pool re-sends them elsewhere), and
+        every later block with it: nothing waits on a server whose weights are unknown. The error is raised."""
+        streamer = self._streamer
+        if streamer is None:
             self.reload_weights(folder, version)
-        finally:
-            if self._streamer is not None:
-                self._streamer.thaw(self.weight_version)
+            return 0
+        try:
+            frozen = streamer.freeze()
+            self.reload_weights(folder, version)
+            streamer.thaw(self.weight_version)
+        except BaseException as err:
+            first = str(err).splitlines()[0] if str(err) else type(err).__name__
+            streamer.fail(self._server_error(f"weight sync to version {version} on {self.base_url} failed, so its "
+                                             f"samples in flight were stopped: {first}"))
+            if isinstance(err, (WeightSyncError, VLLMServerError)):
+                raise
+            raise WeightSyncError(f"weight sync to version {version} on {self.base_url}: stopping or resuming the "
+                                  f"samples in flight failed: {err!r}") from err
         return frozen
 
     def set_weight_version(self, version: int) -> None:
@@ -305,9 +335,9 @@ class VLLMRolloutEngine(RolloutEngine):
             response = self._client.post(path, json=body, params=params)
         except httpx.HTTPError as err:
             raise WeightSyncError(self._server_error(
-                f"weight sync to version {version}: {stage} ({path}) failed: {err!r}").args[0]) from err
+                f"weight sync to version {version}: {stage} ({self.base_url}{path}) failed: {err!r}").args[0]) from err
         if response.status_code != 200:
-            raise WeightSyncError(f"weight sync to version {version}: {stage} ({path}) answered "
+            raise WeightSyncError(f"weight sync to version {version}: {stage} ({self.base_url}{path}) answered "
                                   f"{response.status_code}: {response.text[:500]}")
         return response.json() if response.content else None
 
@@ -321,10 +351,17 @@ class VLLMRolloutEngine(RolloutEngine):
         return VLLMServerError(message)
 
 
+def completion_decoder(tokenizer) -> Callable[[list[int]], str]:
+    """A completion's text from its ids as vLLM's `skip_special_tokens` gives it (EOS and other special
+    tokens left out)."""
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+
+
 def generate_streamed(engine, requests: Sequence[tuple[Prompt, int]], sampling: SamplingParams,
                       base_seed: int) -> list[list[Sample]]:
     """`generate` as streamed blocks (`engine.submit`), for partial rollout: request i is a block of k samples
-    with the seed the unstreamed request would have, so the same samples."""
+    starting at the seed the unstreamed request would have (the streamer sends no seed under partial rollout,
+    so these are not the seeded path's samples)."""
     blocks = {i: engine.submit(prompt, row_seed(base_seed, i, 0) >> 1, k, sampling)
               for i, (prompt, k) in enumerate(requests) if k > 0}
     out = []

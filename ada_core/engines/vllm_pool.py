@@ -90,10 +90,17 @@ class VLLMServerPool(RolloutEngine):
 
     def generate(self, requests: Sequence[tuple[Prompt, int]], sampling: SamplingParams) -> list[list[Sample]]:
         """Return, for each `(prompt, k)` request, exactly k unscored Samples, in request order."""
+        if not self.partial:
+            return self.generate_between_loads(requests, sampling)
+        check_requests(requests, sampling)  # streamed, so a weight load can freeze and resume them; unseeded
+        base_seed = sampling.seed if sampling.seed is not None else random.SystemRandom().getrandbits(62)
+        return generate_streamed(self, requests, sampling, base_seed)
+
+    def generate_between_loads(self, requests: Sequence[tuple[Prompt, int]],
+                               sampling: SamplingParams) -> list[list[Sample]]:
+        """`generate` for a call no weight load can interrupt (evaluation): seeded requests, as one server's."""
         check_requests(requests, sampling)
         base_seed = sampling.seed if sampling.seed is not None else random.SystemRandom().getrandbits(62)
-        if self.partial:  # streamed, so a weight load can freeze and resume them
-            return generate_streamed(self, requests, sampling, base_seed)
         futures = {i: self._requests.submit(self._request, prompt, k, row_seed(base_seed, i, 0) >> 1, sampling)
                    for i, (prompt, k) in enumerate(requests) if k > 0}
         return [futures[i].result() if i in futures else [] for i in range(len(requests))]

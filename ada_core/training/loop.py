@@ -138,7 +138,7 @@ def evaluate(state: RunState) -> dict[str, float]:
 def _score(state: RunState, prompts: list[Prompt], sampling: SamplingParams) -> tuple[float, float, list[dict]]:
     """(avg@k, pass@k, one row per sample) of `prompts` at `config.eval_k` samples each."""
     cfg, k = state.config, state.config.eval_k
-    samples = state.rollout.generate([(p, k) for p in prompts], sampling)
+    samples = state.rollout.generate_between_loads([(p, k) for p in prompts], sampling)  # seeded: no load runs meanwhile
     flat = [(p, s) for p, group in zip(prompts, samples) for s in group]
     verdicts = state.verifier.verify([(p, s.text) for p, s in flat])
     rewards = np.array([v.reward for v in verdicts], dtype=float).reshape(len(prompts), k)
