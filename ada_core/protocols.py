@@ -71,6 +71,11 @@ class RolloutEngine(Protocol):
         returns one per member."""
         return [self.meter] if self.meter is not None else []
 
+    def server_counts(self) -> dict[str, float]:
+        """`rollout/num_servers` and `rollout/servers_alive` now, logged in every step's row (an engine in this
+        process has no servers: none)."""
+        return {}
+
     def sleep(self) -> None:
         """Free accelerator memory for the update (vLLM's sleep mode); no-op where there is none."""
 

@@ -119,7 +119,10 @@ class RolloutConfig(_Strict):
         "wait",
         description="sampler.carry_over with rollout.max_staleness: a prompt due by the bound is `wait`ed for "
         "(the step's batch takes it once done) or `drop`ped (its requests cancelled, its samples counted in "
-        "budget/dropped_*). verl's wait / drop.",
+        "budget/dropped_*). `drop` removes exactly the prompts Ada exists for, the slow hard ones still sampling "
+        "for a positive or a negative, so the trained prompts lean easy: sampler/dropped_prompts and "
+        "sampler/dropped_pass_rate show how many and how hard. Refused with max_staleness = async_steps, where "
+        "nothing can be carried or dropped. verl's wait / drop.",
         json_schema_extra=when("sampler.carry_over == true", "rollout.max_staleness != null"),
     )
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)

@@ -266,6 +266,9 @@ class VLLMRolloutEngine(RolloutEngine):
                                   f"samples in flight failed: {err!r}") from err
         return frozen
 
+    def server_counts(self) -> dict[str, float]:
+        return {K.ROLLOUT_NUM_SERVERS: 1.0, K.ROLLOUT_SERVERS_ALIVE: 1.0}  # a dead server fails the step
+
     def set_weight_version(self, version: int) -> None:
         """Label the weights the server already holds (a server launched on the run's current folder)."""
         self._rpc("/update_weight_version", {"new_version": str(version)}, stage="update_weight_version",

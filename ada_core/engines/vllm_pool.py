@@ -237,6 +237,9 @@ class VLLMServerPool(RolloutEngine):
                 K.SYNC_WEIGHT_VERSION: float(version), K.ROLLOUT_NUM_SERVERS: float(len(self.members)),
                 K.ROLLOUT_SERVERS_ALIVE: float(self.num_alive)}
 
+    def server_counts(self) -> dict[str, float]:
+        return {K.ROLLOUT_NUM_SERVERS: float(len(self.members)), K.ROLLOUT_SERVERS_ALIVE: float(self.num_alive)}
+
     def set_weight_version(self, version: int) -> None:
         self._each_live(lambda m: m.set_weight_version(version), what="update_weight_version")
         self.weight_version = version

@@ -9,7 +9,9 @@ the weight version that sampled it (`logprob_of`). Knobs, each settable from the
 
     stall_at      a request starting before this script position streams up to it, then waits (until
                   `release()` or its client leaves); a request starting at or after it does not stall
+    stall_prompts first prompt ids that stall (None: every prompt)
     hold_open     requests wait before their response headers until `release()`
+    hold_paths    paths (a weight sync's `/pause`) whose requests wait until `release()`
     fail_paths    path -> status code answered instead (`/pause`: 500, a weight sync's pause failed)
     fail_prompts  first prompt ids whose completions are answered 500
 
@@ -44,7 +46,9 @@ class FakeOpenAI:
         self.script = list(script)
         self.version = 0
         self.stall_at: int | None = None
+        self.stall_prompts: set[int] | None = None
         self.hold_open = False
+        self.hold_paths: set[str] = set()
         self.fail_paths: dict[str, int] = {}
         self.fail_prompts: set[int] = set()
         self.requests: list[dict] = []
@@ -68,9 +72,16 @@ class FakeOpenAI:
         self._release = asyncio.run_coroutine_threadsafe(self._make_event(), self._loop).result()
         self.stall_at = at
 
+    def hold(self, *, headers: bool = False, paths: tuple[str, ...] = ()) -> None:
+        """From now on, completions wait before their headers (`headers`), and requests to `paths` wait,
+        until `release()`."""
+        self._release = asyncio.run_coroutine_threadsafe(self._make_event(), self._loop).result()
+        self.hold_open, self.hold_paths = headers, set(paths)
+
     def release(self) -> None:
         """Let every stalled or held request go on (and the later ones: stall_at and hold_open are cleared)."""
         self.stall_at, self.hold_open = None, False
+        self.hold_paths = set()
         self._loop.call_soon_threadsafe(self._release.set)
 
     def wait_for(self, condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
@@ -123,6 +134,8 @@ class FakeOpenAI:
 
     async def _answer(self, method: str, path: str, body: dict, reader, writer) -> bool:
         """Answer one request; False when the connection is to be closed."""
+        while path in self.hold_paths:
+            await self._release.wait()
         if path in self.fail_paths:
             await self._reply(writer, self.fail_paths[path], {"error": f"{path} failed (fake)"})
             return True
@@ -169,7 +182,8 @@ class FakeOpenAI:
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
             texts = [codecs.getincrementaldecoder("utf-8")(errors="replace") for _ in range(n)]
             for pos, token in enumerate(tokens, start):
-                if self.stall_at is not None and start < self.stall_at == pos:
+                if (self.stall_at is not None and start < self.stall_at == pos
+                        and (self.stall_prompts is None or body["prompt"][0] in self.stall_prompts)):
                     await self._stall(reader)
                 last = pos == start + len(tokens) - 1
                 for c in range(n):

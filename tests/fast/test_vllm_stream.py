@@ -202,7 +202,7 @@ def test_every_request_gives_its_slot_back_exactly_once(fake, tmp_path):
         fake.wait_for(lambda: fake.open_streams == 0 and _slots(engine) >= 2, "the cancelled streams closed")
         assert _slots(engine) == 2
 
-        fake.hold_open = True
+        fake.hold(headers=True)
         opening = engine.submit(PROMPT, 4, 1, SAMPLING)
         fake.wait_for(lambda: fake.open_streams == 1, "the request being opened")
         opening.cancel()  # while its headers are held: `_open` lets it open, then closes it
@@ -240,3 +240,49 @@ def test_evaluation_is_seeded_under_partial_rollout(fake, tmp_path):
     assert all(not b.get("stream") and isinstance(b["seed"], int) for b in first + second)
     assert sorted(b["seed"] for b in first) == sorted(b["seed"] for b in second)
     assert avg == 1.0 and rows[0]["completion"] == SCRIPT.decode()
+
+
+def test_an_async_run_logs_its_server_counts_in_every_row_whatever_its_loads_timing(fake, tmp_path):
+    """rollout.async_steps 1 on one (fake) server whose weight loads hang in /pause until step 2 is logged: no
+    load has finished when batches 1 and 2 arrive, and still every row holds rollout/num_servers and
+    rollout/servers_alive (they came only with a finished load, so a resumed run's rows had them by timing)."""
+    from ada_core.config import build_config
+    from ada_core.data.source import PromptSource
+    from ada_core.run.files import read_metrics
+    from ada_core.sampling import make_sampler
+    from ada_core.training import Callbacks
+    from ada_core.training.loop import RunState, StepFunctions, evaluate, rollout_step, run_steps
+    import numpy as np
+
+    cfg = build_config("grpo", "tiny", overrides={
+        "steps": 3, "prompts_per_step": 2, "eval_every": 0, "checkpoint_every": 0, "loss": {"tis_cap": 2.0},
+        "rollout": {"engine": "vllm", "async_steps": 1, "max_tokens": 64}})
+    engine = _engine(fake, tmp_path, partial=False)
+    prompts = [Prompt(f"p{i}", f"q{i}", "", prompt_ids=[300 + i]) for i in range(8)]
+    verifier = SimpleNamespace(verify=lambda items, within_s=None: [Verdict(float(i % 2)) for i in range(len(items))])
+    out = tmp_path / "run"
+    out.mkdir()
+    state = RunState(config=cfg, output_dir=out, tokenizer=None, rollout=engine, updater=None, verifier=verifier,
+                     source=PromptSource(prompts, seed=0), eval_prompts=prompts[:2], rng=np.random.default_rng(0),
+                     sampler=make_sampler(cfg.sampler, cfg.advantage))
+
+    def update(state, batch):
+        folder = tmp_path / f"staged-v{state.step + 1}"
+        folder.mkdir()
+        state.staged_weights = StagedWeights(folder, state.step + 1, 0.0)
+        return {}
+
+    def last_step(step, _metrics):
+        if step == 2:
+            fake.release()  # the loads may finish now: batch 3 is drawn after load 1
+
+    fake.hold(paths=("/pause",))
+    try:
+        run_steps(state, StepFunctions(rollout=rollout_step, update=update, evaluate=evaluate,
+                                       checkpoint=lambda state: out), Callbacks(on_step=last_step))
+    finally:
+        fake.release()
+        engine.close()
+    rows = [r for r in read_metrics(out) if "step" in r]
+    assert len(rows) == 3 and all(K.SYNC_WEIGHT_VERSION not in r for r in rows[:2])  # no load had finished
+    assert all(r[K.ROLLOUT_NUM_SERVERS] == 1 and r[K.ROLLOUT_SERVERS_ALIVE] == 1 for r in rows)
