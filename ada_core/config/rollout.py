@@ -66,7 +66,8 @@ class VLLMConfig(_Strict):
         json_schema_extra=when("rollout.engine == vllm")
     )
     sync_dir: str | None = Field(
-        None, description="Where the trainer writes safetensors for the weight sync; None = /dev/shm (or the temp dir).",
+        None, description="Where the trainer writes safetensors for the weight sync; None = /dev/shm (or the temp dir). "
+        "A killed run's folder there is removed by the next run's start on the same machine.",
         json_schema_extra=when("rollout.engine == vllm")
     )
     extra_args: list[str] = Field(default_factory=list, description="More `vllm serve` flags for a launched server.",

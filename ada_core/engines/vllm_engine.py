@@ -18,7 +18,8 @@ split its samples; ada_core/engines/vllm_stream.py says why), and `generate_betw
 evaluation calls, keeps the seeded requests: no load runs during an evaluation.
 
 Weight sync, once per training step (`sync_weights`), never per sampler round:
-1. write the updated weights as safetensors to a sync folder (on /dev/shm where it exists);
+1. write the updated weights as safetensors to a sync folder (on /dev/shm where it exists), named for this
+   process; a killed run's folder is removed by the next engine's start (`make_sync_dir`);
 2. `/pause` (waiting for in-flight requests; there are none between steps);
 3. `/collective_rpc` `reload_weights` with that folder: vLLM's layer-wise in-place reload, the one
    that works on CPU after start-up, where linear weights have been repacked;
@@ -53,6 +54,7 @@ from ada_core.engines.vllm_server import (API_KEY_ENV, SERVED_MODEL_NAME, VLLMSe
 from ada_core.errors import DiskFull
 from ada_core.occupancy import OccupancyMeter
 from ada_core.paths import staged
+from ada_core.processes import boot_id, start_time
 from ada_core.protocols import RolloutEngine, SamplingParams
 from ada_core.records import Prompt, Sample
 
@@ -76,6 +78,36 @@ def default_sync_root() -> Path:
     """/dev/shm when it exists (a RAM-backed write and read), else the system temp folder."""
     shm = Path("/dev/shm")
     return shm if shm.is_dir() else Path(tempfile.gettempdir())
+
+
+SYNC_PREFIX = "ada-weight-sync-"
+
+
+def make_sync_dir(sync_root: str | Path | None) -> Path:
+    """A fresh weight-sync folder under `sync_root` (default: `default_sync_root`), named for this process
+    (`ada-weight-sync-<pid>.<start time>.<boot>-…`), after removing those of this machine's processes that
+    have ended: a killed run leaves its staged weights there, a full copy of the model in RAM on /dev/shm."""
+    root = Path(sync_root or default_sync_root())
+    remove_orphaned_sync_dirs(root)
+    pid = os.getpid()
+    return Path(tempfile.mkdtemp(prefix=f"{SYNC_PREFIX}{pid}.{start_time(pid)}.{boot_id()[:8]}-", dir=root))
+
+
+def remove_orphaned_sync_dirs(root: Path) -> list[Path]:
+    """Remove the sync folders under `root` whose process has ended; returns them. Only folders named for a
+    process of this machine and boot are touched: another host's (a shared sync_dir) or an unnamed one (made
+    before folders carried their owner) is left alone."""
+    removed = []
+    boot = boot_id()[:8]
+    for path in root.glob(f"{SYNC_PREFIX}*"):
+        owner = path.name[len(SYNC_PREFIX):].split("-", 1)[0].split(".")
+        if len(owner) != 3 or owner[2] != boot or not owner[0].isdigit() or not owner[1].isdigit():
+            continue
+        if start_time(int(owner[0])) != int(owner[1]):  # that process has ended (its pid free, or reused)
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+            log.info("removed %s: the weight-sync folder of a process that has ended", path)
+    return removed
 
 
 class VLLMRolloutEngine(RolloutEngine):
@@ -119,7 +151,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self._streamer = None  # per-sample requests for sampler.schedule=streaming, made on first use
         self._sync_dir = None
         try:
-            self._sync_dir = Path(tempfile.mkdtemp(prefix="ada-weight-sync-", dir=sync_root or default_sync_root()))
+            self._sync_dir = make_sync_dir(sync_root)
             self.model_name = model_name or self._served_model()
         except BaseException:
             self._release()

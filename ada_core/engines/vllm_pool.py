@@ -33,7 +33,6 @@ import logging
 import os
 import random
 import shutil
-import tempfile
 import threading
 import time
 import urllib.error
@@ -45,8 +44,8 @@ from typing import Any
 
 from ada_core import metrics as K
 from ada_core.engines.requests import check_requests, row_seed
-from ada_core.engines.vllm_engine import (StagedWeights, VLLMRolloutEngine, WeightSyncError, default_sync_root,
-                                          generate_streamed, write_weights)
+from ada_core.engines.vllm_engine import (StagedWeights, VLLMRolloutEngine, WeightSyncError, generate_streamed,
+                                          make_sync_dir, write_weights)
 from ada_core.engines.vllm_server import VLLMServerError
 from ada_core.occupancy import OccupancyMeter
 from ada_core.protocols import RolloutEngine, SamplingParams, StreamOutcome
@@ -79,7 +78,7 @@ class VLLMServerPool(RolloutEngine):
         # Failover of streamed samples runs here, never on a member's event loop (a health check blocks).
         self._failover = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-pool-failover")
         self._fanout = ThreadPoolExecutor(max_workers=len(self.members), thread_name_prefix="vllm-pool-sync")
-        self._sync_dir = Path(tempfile.mkdtemp(prefix="ada-weight-sync-", dir=sync_root or default_sync_root()))
+        self._sync_dir = make_sync_dir(sync_root)
         self._closed = False
 
     # --- the rollout protocol ----------------------------------------------------------------
