@@ -30,6 +30,8 @@ SAMPLER_SAMPLES_PER_PROMPT_MAX = "sampler/samples_per_prompt_max"
 SAMPLER_P_HAT_MEAN = "sampler/p_hat_mean"
 SAMPLER_CARRIED = "sampler/carried"  # sampler.carry_over: open prompts the step's batch left for later steps
 SAMPLER_CARRIED_SAMPLES = "sampler/carried_samples"  # their committed samples, counted in the step they enter a batch
+SAMPLER_DROPPED_PROMPTS = "sampler/dropped_prompts"  # rollout.stale: drop: prompts dropped as not done by their bound (and at the last step, those left open)
+SAMPLER_DROPPED_PASS_RATE = "sampler/dropped_pass_rate"  # the pass rate of their committed samples (0: none)
 SAMPLER_GEN_BATCHES = "sampler/gen_batches"  # dapo
 SAMPLER_FELL_BACK = "sampler/fell_back"  # dapo: 1 when the cap was hit before B groups were kept
 SAMPLER_TIME_S = "sampler/bookkeeping_s"  # the sampler's own time, engine and verifier excluded
@@ -88,7 +90,7 @@ SYNC_FROZEN_SAMPLES = "sync/frozen_samples"  # rollout.partial_rollout: samples 
 
 # rollout/: the vLLM servers behind the rollout engine (rollout.vllm.num_servers or base_urls)
 ROLLOUT_NUM_SERVERS = "rollout/num_servers"  # servers the engine was built with
-ROLLOUT_SERVERS_ALIVE = "rollout/servers_alive"  # of them, still serving after this step's sync
+ROLLOUT_SERVERS_ALIVE = "rollout/servers_alive"  # of them, still serving at the end of the step (every row)
 
 # accuracy/: the answer a run gives, first on MLflow's run page (HEADLINE); eval/avg_at_k and reward/mean before
 HEADLINE = "accuracy"
@@ -190,6 +192,7 @@ WHEN_ON: dict[str, tuple[str, ...]] = {
     "sampler.schedule == streaming": (BUDGET_ABORTED_TOKENS, BUDGET_ABORTED_SAMPLES, TIME_REWARD_OVERLAP_S),
     "sampler.carry_over == true": (SAMPLER_CARRIED, SAMPLER_CARRIED_SAMPLES, BUDGET_DROPPED_SAMPLES,
                                    BUDGET_DROPPED_TOKENS),
+    "rollout.stale == drop": (SAMPLER_DROPPED_PROMPTS, SAMPLER_DROPPED_PASS_RATE),
     "loss.kl_coef > 0": (TRAIN_KL_REF,),
     "distributed.num_ranks > 1": (DIST_WORLD_SIZE, DIST_RANK_UPDATE_MAX_S, DIST_RANK_UPDATE_MIN_S),
     "sampler.name in [ada, budgeted, est]": (SAMPLER_UNRESOLVED, SAMPLER_UNRESOLVED_NO_POS, SAMPLER_UNRESOLVED_NO_NEG),

@@ -44,6 +44,12 @@ class RolloutEngine(Protocol):
         """Return, for each `(prompt, k)` request, exactly k unscored Samples (reward None)."""
         ...
 
+    def generate_between_loads(self, requests: Sequence[tuple[Prompt, int]],
+                               sampling: SamplingParams) -> list[list[Sample]]:
+        """`generate` for a call that no weight load interrupts (evaluation runs between loads): reproducible
+        from `sampling.seed` even where `generate` is not (partial rollout streams it unseeded)."""
+        return self.generate(requests, sampling)
+
     def sync_weights(self, module: Any, version: int) -> dict[str, float]:
         """Serve `module`'s weights as weight version `version`; returns `sync/*` metrics.
         An in-process engine shares the module: nothing to send."""
@@ -64,6 +70,11 @@ class RolloutEngine(Protocol):
         (ada_core/training/loop.py): the engine's own `meter` when it has one, else none. A pool of servers
         returns one per member."""
         return [self.meter] if self.meter is not None else []
+
+    def server_counts(self) -> dict[str, float]:
+        """`rollout/num_servers` and `rollout/servers_alive` now, logged in every step's row (an engine in this
+        process has no servers: none)."""
+        return {}
 
     def sleep(self) -> None:
         """Free accelerator memory for the update (vLLM's sleep mode); no-op where there is none."""

@@ -8,6 +8,7 @@ TrainConfig (`check_overrides`), the JSON schema that lets the Prefect server re
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, get_args
@@ -93,7 +94,10 @@ def config_field(key: str):
         where = ".".join(parts[:depth]) or "the config"
         if field is None:
             known = ", ".join(sorted(model.model_fields))
-            raise ValueError(f"overrides: unknown key {key!r}: {where} has no field {part!r} (its fields: {known})")
+            near = difflib.get_close_matches(part, list(model.model_fields), n=1)
+            hint = f"did you mean {'.'.join([*parts[:depth], near[0]])!r}? " if near else ""
+            raise ValueError(f"overrides: unknown key {key!r}: {where} has no field {part!r} ({hint}its fields: {known}; "
+                             "every key: docs/CONFIG.md)")
         if depth == len(parts) - 1:
             return field
         annotation = field.annotation

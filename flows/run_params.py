@@ -41,10 +41,15 @@ class RunSettings(FlowParams):
     steps: int | None = Field(None, ge=1, description=f"Training steps; empty = the profile's: {by_profile('steps')}.")
     prompts_per_step: int | None = Field(
         None, ge=1, description=f"Prompts per step (B); empty = the profile's: {by_profile('prompts_per_step')}.")
+    eval_every: int | None = Field(
+        None, ge=0, description="Evaluate on the held-out prompts every this many steps (and at step 0 and the last); "
+        "0 = never. A curve has about steps / eval_every + 1 points: a 30-step run at 20 has three. Empty = the "
+        f"profile's: {by_profile('eval_every')}. (overrides.eval_every, as before, is the same field: give one.)")
     overrides: Annotated[dict[str, Any], FormJson] = Field(
         {},
-        description="Any config field by dotted name, e.g. {\"sampler.M\": 8, \"optim.lr\": 1e-4, \"sft_steps\": 50}. "
-        "Fields this form has (seed, preset, steps, ...) are set there, not here.",
+        description="Any config field by dotted name, e.g. {\"sampler.M\": 8, \"optim.lr\": 1e-4, \"sft_steps\": 50}; "
+        "every key with its default and meaning: docs/CONFIG.md. An unknown key is refused when the run is created "
+        "(the server's message names it). Fields this form has (seed, preset, steps, ...) are set there, not here.",
         json_schema_extra=overrides_schema(RUN_OWN_FIELDS),
     )
     curate: bool = Field(True, description="Difficulty-filter the prompts with the starting model before training.")
@@ -63,6 +68,9 @@ class RunSettings(FlowParams):
             check_overrides(self.overrides, type(self).OWN_FIELDS)
         except ConfigError as err:  # nest_dotted's own complaint (a key both a value and a section)
             raise ValueError(str(err)) from None
+        if self.eval_every is not None and "eval_every" in self.overrides:
+            raise ValueError(f"eval_every: given twice, {self.eval_every} in the field and "
+                             f"{self.overrides['eval_every']} in overrides; give it in one place")
         return self
 
     def build(self, preset: str, seed: int, extra: dict[str, Any] | None = None, group: bool = False) -> TrainConfig:
@@ -74,6 +82,8 @@ class RunSettings(FlowParams):
             top["steps"] = self.steps
         if self.prompts_per_step is not None:
             top["prompts_per_step"] = self.prompts_per_step
+        if self.eval_every is not None:
+            top["eval_every"] = self.eval_every
         if group:  # a comparison's seeds share their start and their exam (DataConfig.seed)
             top["data"] = {"seed": GROUP_DATA_SEED}
         shared = flatten_dotted(overrides)
@@ -163,7 +173,7 @@ class TrainParams(RunSettings):
         against the run's own config (ada_core/run/resume.py), and what was left out keeps the run's value."""
         given = self.model_fields_set
         top: dict[str, Any] = {}
-        for name in ("preset", "profile", "seed", "steps", "prompts_per_step"):
+        for name in ("preset", "profile", "seed", "steps", "prompts_per_step", "eval_every"):
             if name in given and getattr(self, name) is not None:
                 top[name] = getattr(self, name)
         if "engine" in given:
@@ -205,12 +215,13 @@ class CompareParams(GroupSettings):
     """GRPO against Ada variants over seeds, plus an optional matched-budget GRPO control."""
 
     variants: list[Preset] = Field(
-        ["grpo", "ada-pos", "ada-balance"], min_length=1, description="Presets to compare."
+        ["grpo", "ada-balance"], min_length=1, description="Presets to compare: each is one arm (GRPO against "
+        "Ada-balance unless you add more)."
     )
     matched_grpo: bool = Field(
-        True,
-        description="Add GRPO with prompts_per_step sized to generate as many samples per step as Ada-balance "
-        "(needs ada-balance in variants).",
+        False,
+        description="Add one more arm: GRPO with prompts_per_step sized to generate as many samples per step as "
+        "Ada-balance (needs ada-balance in variants).",
     )
     controls: list[Preset] = Field(
         [], description="Variants that get budget-matched GRPO controls, each started once the variant's run of a "

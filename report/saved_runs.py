@@ -39,7 +39,8 @@ What must match to combine runs (`check_runs`), and why:
   hash and may be combined; two that do not give different hashes, which is what is compared.
 
 A run that records no weight hash or held-out digest cannot be matched and is refused too, as is the
-same (pool, method, seed) twice. A refusal is one line naming the file and the two differing values.
+same (pool, method, seed) twice. A refusal is one line naming the file and line (`runs.jsonl:12`) and the
+two differing values.
 """
 
 from __future__ import annotations
@@ -142,8 +143,25 @@ def _write(path: Path, records: list[dict[str, Any]]) -> Path:
     return path
 
 
+class Line(str):
+    """A saved file's path (it compares and groups as the path) that knows the line a record came from, so a
+    refusal names `file:line`."""
+
+    line: int
+
+    def __new__(cls, path: str, line: int) -> "Line":
+        out = super().__new__(cls, path)
+        out.line = line
+        return out
+
+
+def _where(path: str) -> str:
+    """`file:line` for a record read from a file, the run folder (or file) alone otherwise."""
+    return f"{path}:{path.line}" if isinstance(path, Line) else str(path)
+
+
 def read_records(paths: list[str | Path]) -> list[tuple[str, dict[str, Any]]]:
-    """(file, record) for every line of the files, in order."""
+    """(file, record) for every line of the files, in order; each file a `Line` naming the record's line."""
     out = []
     for path in paths:
         for number, line in enumerate(Path(path).read_text().splitlines(), 1):
@@ -156,7 +174,7 @@ def read_records(paths: list[str | Path]) -> list[tuple[str, dict[str, Any]]]:
             if record.get("format") != FORMAT:
                 raise RefusedRuns(f"{path}:{number}: not a saved run of format {FORMAT} "
                                   f"(format {record.get('format')!r})")
-            out.append((str(path), record))
+            out.append((Line(str(path), number), record))
     return out
 
 
@@ -171,11 +189,12 @@ def check_runs(records: list[tuple[str, dict[str, Any]]]) -> None:
         start = record.get("start") or {}
         for key in REQUIRED:
             if not start.get(key):
-                raise RefusedRuns(f"{path}: {name} records no {key}: its start cannot be matched, so it is not "
+                raise RefusedRuns(f"{_where(path)}: {name} records no {key}: its start cannot be matched, so it is not "
                                   "combined")
         ident = (record["pool"], record["label"], int(record["seed"]))
         if ident in seen:
-            raise RefusedRuns(f"{path}: {name} is there twice (also in {seen[ident]}): refused, not combined")
+            raise RefusedRuns(f"{_where(path)}: {name} is there twice (also in {_where(seen[ident])}): refused, "
+                              "not combined")
         seen[ident] = path
         for key in (*SHARED_BY_ALL, *SHARED_BY_POOL):
             scope = ("" if key in SHARED_BY_ALL else record["pool"], key)
@@ -187,7 +206,7 @@ def check_runs(records: list[tuple[str, dict[str, Any]]]) -> None:
             if mine != theirs:
                 where = "every pool" if key in SHARED_BY_ALL else f"pool {record['pool']}"
                 raise RefusedRuns(
-                    f"{path}: {name} has {key} {mine}, but {other_path} ({other['label']} seed {other['seed']} of "
+                    f"{_where(path)}: {name} has {key} {mine}, but {_where(other_path)} ({other['label']} seed {other['seed']} of "
                     f"pool {other['pool']}) has {theirs}: runs of {where} are combined only from one start")
 
 

@@ -66,7 +66,8 @@ class VLLMConfig(_Strict):
         json_schema_extra=when("rollout.engine == vllm")
     )
     sync_dir: str | None = Field(
-        None, description="Where the trainer writes safetensors for the weight sync; None = /dev/shm (or the temp dir).",
+        None, description="Where the trainer writes safetensors for the weight sync; None = /dev/shm (or the temp dir). "
+        "A killed run's folder there is removed by the next run's start on the same machine.",
         json_schema_extra=when("rollout.engine == vllm")
     )
     extra_args: list[str] = Field(default_factory=list, description="More `vllm serve` flags for a launched server.",
@@ -119,7 +120,10 @@ class RolloutConfig(_Strict):
         "wait",
         description="sampler.carry_over with rollout.max_staleness: a prompt due by the bound is `wait`ed for "
         "(the step's batch takes it once done) or `drop`ped (its requests cancelled, its samples counted in "
-        "budget/dropped_*). verl's wait / drop.",
+        "budget/dropped_*). `drop` removes exactly the prompts Ada exists for, the slow hard ones still sampling "
+        "for a positive or a negative, so the trained prompts lean easy: sampler/dropped_prompts and "
+        "sampler/dropped_pass_rate show how many and how hard. Refused with max_staleness = async_steps, where "
+        "nothing can be carried or dropped. verl's wait / drop.",
         json_schema_extra=when("sampler.carry_over == true", "rollout.max_staleness != null"),
     )
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)

@@ -195,6 +195,11 @@ class TrainConfig(_Strict):
         if bound is not None and bound < k:
             raise ValueError(f"rollout.max_staleness: {bound} is below rollout.async_steps: {k}, which a batch drawn "
                              f"ahead already reaches: use rollout.max_staleness >= {k}")
+        if bound == k and self.rollout.stale == "drop":
+            raise ValueError(f"rollout.stale: 'drop' with rollout.max_staleness: {bound} = rollout.async_steps: every "
+                             f"prompt must enter the batch of the step it joins, and a step's batch waits for all of "
+                             f"its own prompts, so nothing is ever carried or dropped: use rollout.stale: wait, or "
+                             f"rollout.max_staleness > {k}")
         return self
 
 

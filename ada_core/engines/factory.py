@@ -55,27 +55,31 @@ def build_rollout_engine(config, model_dir: Path, updater: UpdateEngine, tokeniz
     it, so either way the server starts at `weight_version`."""
     if config.rollout.engine == "transformers":
         return updater.rollout_engine(tokenizer, micro_batch_size=config.rollout.micro_batch_size)
-    return vllm_rollout_engine(config, model_dir, updater.module, output_dir, weight_version=weight_version)
+    return vllm_rollout_engine(config, model_dir, updater.module, output_dir, weight_version=weight_version,
+                               tokenizer=tokenizer)
 
 
-def vllm_rollout_engine(config, model_dir: Path, module: Any, output_dir: Path, weight_version: int = 0) -> RolloutEngine:
+def vllm_rollout_engine(config, model_dir: Path, module: Any, output_dir: Path, weight_version: int = 0,
+                        tokenizer=None) -> RolloutEngine:
     """The engine `config.rollout.vllm` (of a TrainConfig) asks for, serving weight version `weight_version`:
     a server launched on `model_dir` (the run's current weights, log in `output_dir`), or the server at
     `base_url` with `module`'s weights loaded into it; with `num_servers > 1` or `base_urls`, a
-    `VLLMServerPool` of them (vllm_pool.py)."""
+    `VLLMServerPool` of them (vllm_pool.py). `tokenizer`: the policy's, which partial rollout needs (a
+    resumed sample's text is decoded from its ids)."""
     from ada_core.engines.vllm_engine import VLLMRolloutEngine
     from ada_core.engines.vllm_server import check_engine_config
 
     check_engine_config(config)
     v = config.rollout.vllm
     if v.num_servers > 1 or v.base_urls:  # several servers: one pool, same protocol
-        return _vllm_pool(config, model_dir, module, output_dir, weight_version)
+        return _vllm_pool(config, model_dir, module, output_dir, weight_version, tokenizer)
     server = None
     if v.base_url is None:
         server = _server(config, model_dir, Path(output_dir) / "vllm-server.log", v.port).start()
     engine = None
     try:
-        engine = VLLMRolloutEngine(server.base_url if server else v.base_url, server=server, **engine_kwargs(config))
+        engine = VLLMRolloutEngine(server.base_url if server else v.base_url, server=server,
+                                   **engine_kwargs(config, tokenizer))
         if server is None:
             engine.sync_weights(module, version=weight_version)
         else:
@@ -89,7 +93,7 @@ def vllm_rollout_engine(config, model_dir: Path, module: Any, output_dir: Path, 
     return engine
 
 
-def _vllm_pool(config, model_dir: Path, module: Any, output_dir: Path, weight_version: int = 0):
+def _vllm_pool(config, model_dir: Path, module: Any, output_dir: Path, weight_version: int = 0, tokenizer=None):
     """`num_servers` servers launched (in parallel) on `model_dir`, logs `vllm-server-<i>.log` in
     `output_dir`, or one member per `base_urls` entry with `module`'s weights loaded."""
     import os
@@ -100,7 +104,7 @@ def _vllm_pool(config, model_dir: Path, module: Any, output_dir: Path, weight_ve
     from ada_core.engines.vllm_pool import VLLMServerPool, cpu_blocks
 
     v = config.rollout.vllm
-    common = engine_kwargs(config)
+    common = engine_kwargs(config, tokenizer)
     if v.base_urls:
         attached: list[VLLMRolloutEngine] = []
         try:
@@ -144,11 +148,16 @@ def _vllm_pool(config, model_dir: Path, module: Any, output_dir: Path, weight_ve
     return pool
 
 
-def engine_kwargs(config) -> dict[str, Any]:
-    """`VLLMRolloutEngine`'s settings from `config.rollout.vllm` (one per server of a pool)."""
+def engine_kwargs(config, tokenizer=None) -> dict[str, Any]:
+    """`VLLMRolloutEngine`'s settings from `config.rollout.vllm` (one per server of a pool); `tokenizer` gives
+    partial rollout its decoder."""
+    from ada_core.engines.vllm_engine import completion_decoder
+
     v = config.rollout.vllm
+    partial = config.rollout.partial_rollout
     return dict(concurrency=v.concurrency, request_timeout_s=v.request_timeout_s, sync_root=v.sync_dir,
-                sleep_during_update=v.sleep_during_update, partial=config.rollout.partial_rollout)
+                sleep_during_update=v.sleep_during_update, partial=partial,
+                decode=completion_decoder(tokenizer) if partial and tokenizer is not None else None)
 
 
 def _server(config, model_dir: Path, log_path: Path, port: int, python: str | Path | None = None,

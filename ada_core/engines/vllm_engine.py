@@ -13,10 +13,13 @@ Conventions match `transformers_engine` (the update engine relies on them):
 - `truncated` is True when vLLM finished for length.
 
 Seeding: request i gets seed hash(sampling.seed, i); vLLM gives copy j of it seed + j. So the same
-call seed gives the same samples.
+call seed gives the same samples. Under partial rollout `generate` is streamed and unseeded (a load may
+split its samples; ada_core/engines/vllm_stream.py says why), and `generate_between_loads`, which
+evaluation calls, keeps the seeded requests: no load runs during an evaluation.
 
 Weight sync, once per training step (`sync_weights`), never per sampler round:
-1. write the updated weights as safetensors to a sync folder (on /dev/shm where it exists);
+1. write the updated weights as safetensors to a sync folder (on /dev/shm where it exists), named for this
+   process; a killed run's folder is removed by the next engine's start (`make_sync_dir`);
 2. `/pause` (waiting for in-flight requests; there are none between steps);
 3. `/collective_rpc` `reload_weights` with that folder: vLLM's layer-wise in-place reload, the one
    that works on CPU after start-up, where linear weights have been repacked;
@@ -36,7 +39,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +54,7 @@ from ada_core.engines.vllm_server import (API_KEY_ENV, SERVED_MODEL_NAME, VLLMSe
 from ada_core.errors import DiskFull
 from ada_core.occupancy import OccupancyMeter
 from ada_core.paths import staged
+from ada_core.processes import boot_id, start_time
 from ada_core.protocols import RolloutEngine, SamplingParams
 from ada_core.records import Prompt, Sample
 
@@ -76,6 +80,36 @@ def default_sync_root() -> Path:
     return shm if shm.is_dir() else Path(tempfile.gettempdir())
 
 
+SYNC_PREFIX = "ada-weight-sync-"
+
+
+def make_sync_dir(sync_root: str | Path | None) -> Path:
+    """A fresh weight-sync folder under `sync_root` (default: `default_sync_root`), named for this process
+    (`ada-weight-sync-<pid>.<start time>.<boot>-…`), after removing those of this machine's processes that
+    have ended: a killed run leaves its staged weights there, a full copy of the model in RAM on /dev/shm."""
+    root = Path(sync_root or default_sync_root())
+    remove_orphaned_sync_dirs(root)
+    pid = os.getpid()
+    return Path(tempfile.mkdtemp(prefix=f"{SYNC_PREFIX}{pid}.{start_time(pid)}.{boot_id()[:8]}-", dir=root))
+
+
+def remove_orphaned_sync_dirs(root: Path) -> list[Path]:
+    """Remove the sync folders under `root` whose process has ended; returns them. Only folders named for a
+    process of this machine and boot are touched: another host's (a shared sync_dir) or an unnamed one (made
+    before folders carried their owner) is left alone."""
+    removed = []
+    boot = boot_id()[:8]
+    for path in root.glob(f"{SYNC_PREFIX}*"):
+        owner = path.name[len(SYNC_PREFIX):].split("-", 1)[0].split(".")
+        if len(owner) != 3 or owner[2] != boot or not owner[0].isdigit() or not owner[1].isdigit():
+            continue
+        if start_time(int(owner[0])) != int(owner[1]):  # that process has ended (its pid free, or reused)
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+            log.info("removed %s: the weight-sync folder of a process that has ended", path)
+    return removed
+
+
 class VLLMRolloutEngine(RolloutEngine):
     """`RolloutEngine` over a vLLM server, with once-per-step weight sync and optional GPU sleep.
 
@@ -85,17 +119,22 @@ class VLLMRolloutEngine(RolloutEngine):
     `$ADA_VLLM_API_KEY` (none: requests go without, for a server started without a key).
 
     A constructor that fails releases what it made (client, threads, sync folder); the server
-    stays with its caller.
+    stays with its caller. `decode(ids)`: the tokenizer's text of completion ids without special tokens
+    (`completion_decoder`); partial rollout needs it, for a sample resumed after a load.
     """
 
     def __init__(self, base_url: str, *, server: VLLMServer | None = None, concurrency: int = 64,
                  request_timeout_s: float = 600.0, sync_root: str | Path | None = None,
                  sleep_during_update: bool = False, model_name: str | None = None, api_key: str | None = None,
-                 partial: bool = False):
+                 partial: bool = False, decode: Callable[[list[int]], str] | None = None):
         if concurrency < 1:
             raise ValueError(f"rollout.vllm.concurrency must be >= 1, got {concurrency}")
         if sleep_during_update:
             check_sleep_supported()
+        if partial and decode is None:
+            raise ValueError("rollout.partial_rollout decodes a resumed sample's text from its token ids: the engine "
+                             "needs the tokenizer's decode (`decode`)")
+        self.decode = decode
         self.base_url = base_url.rstrip("/")
         self.server = server
         self.concurrency = concurrency
@@ -112,7 +151,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self._streamer = None  # per-sample requests for sampler.schedule=streaming, made on first use
         self._sync_dir = None
         try:
-            self._sync_dir = Path(tempfile.mkdtemp(prefix="ada-weight-sync-", dir=sync_root or default_sync_root()))
+            self._sync_dir = make_sync_dir(sync_root)
             self.model_name = model_name or self._served_model()
         except BaseException:
             self._release()
@@ -122,10 +161,18 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def generate(self, requests: Sequence[tuple[Prompt, int]], sampling: SamplingParams) -> list[list[Sample]]:
         """Return, for each `(prompt, k)` request, exactly k unscored Samples, in request order."""
+        if not self.partial:
+            return self.generate_between_loads(requests, sampling)
+        check_requests(requests, sampling)  # streamed, so a weight load can stop and resume them; unseeded
+        base_seed = sampling.seed if sampling.seed is not None else random.SystemRandom().getrandbits(62)
+        return generate_streamed(self, requests, sampling, base_seed)
+
+    def generate_between_loads(self, requests: Sequence[tuple[Prompt, int]],
+                               sampling: SamplingParams) -> list[list[Sample]]:
+        """`generate` for a call no weight load can interrupt (evaluation): one seeded request per row even
+        under partial rollout, so the same call seed gives the same samples."""
         check_requests(requests, sampling)
         base_seed = sampling.seed if sampling.seed is not None else random.SystemRandom().getrandbits(62)
-        if self.partial:  # streamed, so a weight load can stop and resume them; the same seeds, the same samples
-            return generate_streamed(self, requests, sampling, base_seed)
         futures = {i: self._pool.submit(self._complete, prompt, k, row_seed(base_seed, i, 0) >> 1, sampling)
                    for i, (prompt, k) in enumerate(requests) if k > 0}
         return [futures[i].result() if i in futures else [] for i in range(len(requests))]
@@ -158,7 +205,8 @@ class VLLMRolloutEngine(RolloutEngine):
             self._streamer = VLLMSampleStreamer(self.base_url, self.model_name, concurrency=self.concurrency,
                                                 request_timeout_s=self._request_timeout_s, meter=self.meter,
                                                 error=self._server_error, headers=self._headers,
-                                                partial=self.partial, version=self.weight_version)
+                                                partial=self.partial, version=self.weight_version,
+                                                decode=self.decode)
         return self._streamer.submit(prompt, seed, count, sampling)
 
     # --- weight sync ---------------------------------------------------------------------------
@@ -205,7 +253,7 @@ class VLLMRolloutEngine(RolloutEngine):
                       stage="reload_weights", version=version)
             reset = self._rpc("/reset_prefix_cache", stage="reset_prefix_cache", version=version)
             if not (isinstance(reset, dict) and reset.get("success") is True):
-                raise WeightSyncError(f"weight sync to version {version}: /reset_prefix_cache answered {reset!r}; "
+                raise WeightSyncError(f"weight sync to version {version}: {self.base_url}/reset_prefix_cache answered {reset!r}; "
                                       "KV blocks from the old weights could be reused")
             self._rpc("/update_weight_version", {"new_version": str(version)}, stage="update_weight_version",
                       version=version)
@@ -227,14 +275,31 @@ class VLLMRolloutEngine(RolloutEngine):
         version's. A failed reload resumes them on the weights the server still holds, stamped so.
         Returns the samples frozen. vLLM's pause(mode="keep") would keep their KV blocks instead, but
         the tokens a frozen request had generated and not yet streamed would come back after the resume
-        with the new tokens, and could not be told apart from them."""
-        frozen = self._streamer.freeze() if self._streamer is not None else 0
-        try:
+        with the new tokens, and could not be told apart from them.
+
+        A failure anywhere (the freeze, the reload, the thaw) fails every sample not yet handed over with one
+        error naming this server (a dead server's carries its log tail, and a pool re-sends them elsewhere), and
+        every later block with it: nothing waits on a server whose weights are unknown. The error is raised."""
+        streamer = self._streamer
+        if streamer is None:
             self.reload_weights(folder, version)
-        finally:
-            if self._streamer is not None:
-                self._streamer.thaw(self.weight_version)
+            return 0
+        try:
+            frozen = streamer.freeze()
+            self.reload_weights(folder, version)
+            streamer.thaw(self.weight_version)
+        except BaseException as err:
+            first = str(err).splitlines()[0] if str(err) else type(err).__name__
+            streamer.fail(self._server_error(f"weight sync to version {version} on {self.base_url} failed, so its "
+                                             f"samples in flight were stopped: {first}"))
+            if isinstance(err, (WeightSyncError, VLLMServerError)):
+                raise
+            raise WeightSyncError(f"weight sync to version {version} on {self.base_url}: stopping or resuming the "
+                                  f"samples in flight failed: {err!r}") from err
         return frozen
+
+    def server_counts(self) -> dict[str, float]:
+        return {K.ROLLOUT_NUM_SERVERS: 1.0, K.ROLLOUT_SERVERS_ALIVE: 1.0}  # a dead server fails the step
 
     def set_weight_version(self, version: int) -> None:
         """Label the weights the server already holds (a server launched on the run's current folder)."""
@@ -305,9 +370,9 @@ class VLLMRolloutEngine(RolloutEngine):
             response = self._client.post(path, json=body, params=params)
         except httpx.HTTPError as err:
             raise WeightSyncError(self._server_error(
-                f"weight sync to version {version}: {stage} ({path}) failed: {err!r}").args[0]) from err
+                f"weight sync to version {version}: {stage} ({self.base_url}{path}) failed: {err!r}").args[0]) from err
         if response.status_code != 200:
-            raise WeightSyncError(f"weight sync to version {version}: {stage} ({path}) answered "
+            raise WeightSyncError(f"weight sync to version {version}: {stage} ({self.base_url}{path}) answered "
                                   f"{response.status_code}: {response.text[:500]}")
         return response.json() if response.content else None
 
@@ -321,10 +386,17 @@ class VLLMRolloutEngine(RolloutEngine):
         return VLLMServerError(message)
 
 
+def completion_decoder(tokenizer) -> Callable[[list[int]], str]:
+    """A completion's text from its ids as vLLM's `skip_special_tokens` gives it (EOS and other special
+    tokens left out)."""
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+
+
 def generate_streamed(engine, requests: Sequence[tuple[Prompt, int]], sampling: SamplingParams,
                       base_seed: int) -> list[list[Sample]]:
     """`generate` as streamed blocks (`engine.submit`), for partial rollout: request i is a block of k samples
-    with the seed the unstreamed request would have, so the same samples."""
+    starting at the seed the unstreamed request would have (the streamer sends no seed under partial rollout,
+    so these are not the seeded path's samples)."""
     blocks = {i: engine.submit(prompt, row_seed(base_seed, i, 0) >> 1, k, sampling)
               for i, (prompt, k) in enumerate(requests) if k > 0}
     out = []

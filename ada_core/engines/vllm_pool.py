@@ -33,7 +33,6 @@ import logging
 import os
 import random
 import shutil
-import tempfile
 import threading
 import time
 import urllib.error
@@ -45,8 +44,8 @@ from typing import Any
 
 from ada_core import metrics as K
 from ada_core.engines.requests import check_requests, row_seed
-from ada_core.engines.vllm_engine import (StagedWeights, VLLMRolloutEngine, WeightSyncError, default_sync_root,
-                                          generate_streamed, write_weights)
+from ada_core.engines.vllm_engine import (StagedWeights, VLLMRolloutEngine, WeightSyncError, generate_streamed,
+                                          make_sync_dir, write_weights)
 from ada_core.engines.vllm_server import VLLMServerError
 from ada_core.occupancy import OccupancyMeter
 from ada_core.protocols import RolloutEngine, SamplingParams, StreamOutcome
@@ -79,7 +78,7 @@ class VLLMServerPool(RolloutEngine):
         # Failover of streamed samples runs here, never on a member's event loop (a health check blocks).
         self._failover = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-pool-failover")
         self._fanout = ThreadPoolExecutor(max_workers=len(self.members), thread_name_prefix="vllm-pool-sync")
-        self._sync_dir = Path(tempfile.mkdtemp(prefix="ada-weight-sync-", dir=sync_root or default_sync_root()))
+        self._sync_dir = make_sync_dir(sync_root)
         self._closed = False
 
     # --- the rollout protocol ----------------------------------------------------------------
@@ -90,10 +89,17 @@ class VLLMServerPool(RolloutEngine):
 
     def generate(self, requests: Sequence[tuple[Prompt, int]], sampling: SamplingParams) -> list[list[Sample]]:
         """Return, for each `(prompt, k)` request, exactly k unscored Samples, in request order."""
+        if not self.partial:
+            return self.generate_between_loads(requests, sampling)
+        check_requests(requests, sampling)  # streamed, so a weight load can freeze and resume them; unseeded
+        base_seed = sampling.seed if sampling.seed is not None else random.SystemRandom().getrandbits(62)
+        return generate_streamed(self, requests, sampling, base_seed)
+
+    def generate_between_loads(self, requests: Sequence[tuple[Prompt, int]],
+                               sampling: SamplingParams) -> list[list[Sample]]:
+        """`generate` for a call no weight load can interrupt (evaluation): seeded requests, as one server's."""
         check_requests(requests, sampling)
         base_seed = sampling.seed if sampling.seed is not None else random.SystemRandom().getrandbits(62)
-        if self.partial:  # streamed, so a weight load can freeze and resume them
-            return generate_streamed(self, requests, sampling, base_seed)
         futures = {i: self._requests.submit(self._request, prompt, k, row_seed(base_seed, i, 0) >> 1, sampling)
                    for i, (prompt, k) in enumerate(requests) if k > 0}
         return [futures[i].result() if i in futures else [] for i in range(len(requests))]
@@ -229,6 +235,9 @@ class VLLMServerPool(RolloutEngine):
         return {**partial, K.SYNC_WRITE_S: staged.write_s, K.SYNC_RELOAD_S: time.perf_counter() - start,
                 K.SYNC_WEIGHT_VERSION: float(version), K.ROLLOUT_NUM_SERVERS: float(len(self.members)),
                 K.ROLLOUT_SERVERS_ALIVE: float(self.num_alive)}
+
+    def server_counts(self) -> dict[str, float]:
+        return {K.ROLLOUT_NUM_SERVERS: float(len(self.members)), K.ROLLOUT_SERVERS_ALIVE: float(self.num_alive)}
 
     def set_weight_version(self, version: int) -> None:
         self._each_live(lambda m: m.set_weight_version(version), what="update_weight_version")

@@ -24,7 +24,7 @@ to it over HTTP on loopback. The launcher:
 
 Usage:
     with VLLMServer(model_dir, max_model_len=256) as server:
-        engine = VLLMRolloutEngine(server.base_url, tokenizer, server=server)
+        engine = VLLMRolloutEngine(server.base_url, server=server)
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ sample keeps the tokens it had received. After the load each goes on as a reques
 whose prompt is the prompt plus those tokens, with max_tokens what is left; the server prefills that
 prefix on the new weights, so every later token and its
 log-prob are the new version's. Each token is stamped with the version it was sampled on
-(`Sample.token_versions`). Tokens generated after a sample's last chunk and before the abort are
+(`Sample.token_versions`), and a resumed sample's text is decoded from all its token ids (`decode`), not
+stitched from its requests' text. Tokens generated after a sample's last chunk and before the abort are
 generated again (at most STREAM_INTERVAL - 1 a sample) and counted once, as the sample's. Under
 partial rollout no request carries a seed (`_run` says why).
 
@@ -62,6 +63,7 @@ class _Block:
         self.logprobs: list[list[float]] = [[] for _ in range(count)]
         self.text: list[list[str]] = [[] for _ in range(count)]
         self.versions: list[list[int]] = [[] for _ in range(count)]
+        self.resumed = [False] * count  # went on after a freeze: its text is decoded from its ids (`_finish`)
         self.cancelled = False
         self._streamer = streamer
         self._tasks: dict[asyncio.Task, list[int]] = {}  # live request -> the samples it carries
@@ -106,14 +108,18 @@ class VLLMSampleStreamer:
 
     def __init__(self, base_url: str, model_name: str, *, concurrency: int, request_timeout_s: float,
                  meter: OccupancyMeter, error: Callable[[str], Exception], headers: dict[str, str] | None = None,
-                 partial: bool = False, version: int | None = None):
+                 partial: bool = False, version: int | None = None, decode: Callable[[list[int]], str] | None = None):
         if partial and version is None:
             raise ValueError("partial rollout stamps every token with its weight version; the server's is unknown")
+        if partial and decode is None:
+            raise ValueError("partial rollout decodes a resumed sample's text from its token ids; give `decode`")
+        self._decode = decode
         self.base_url, self.model_name = base_url.rstrip("/"), model_name
         self.concurrency, self.meter, self._error = concurrency, meter, error
         self.partial, self.version = partial, version
         self._paused = False
-        self._queued: list[Callable[[], None]] = []  # blocks submitted during a freeze, started at the thaw
+        self._failed: BaseException | None = None  # a failed weight load (`fail`): every later block fails with it
+        self._queued: list[tuple[_Block, Callable[[], None]]] = []  # submitted during a freeze, started at the thaw
         self._frozen: list[tuple[_Block, int]] = []  # samples stopped by a freeze, resumed at the thaw
         self._freezing: set[asyncio.Task] = set()
         self._live: dict[asyncio.Task, _Block] = {}
@@ -148,11 +154,16 @@ class VLLMSampleStreamer:
         def start() -> None:
             if block.cancelled:
                 return
+            if self._failed is not None:
+                block.abort(list(range(count)), self._failed)
+                return
             if self._paused:
-                self._queued.append(start)
+                self._queued.append((block, start))
                 return
             self._start(block, list(range(count)))
 
+        if self._loop.is_closed() or not self._loop.is_running():
+            raise self._error(f"prompt {prompt.id}: the streaming client to {self.base_url} is closed")
         self._loop.call_soon_threadsafe(start)
         return block
 
@@ -206,8 +217,40 @@ class VLLMSampleStreamer:
             if not block.cancelled and not block.futures[k].done():
                 self._start(block, [k])
         queued, self._queued = self._queued, []
-        for start in queued:
+        for _, start in queued:
             start()
+
+    def fail(self, error: BaseException) -> None:
+        """A weight load failed (in its pause, its reload or its resume): every sample not yet handed over
+        (frozen, queued behind the freeze, or in flight) resolves with `error` at once, and every later block
+        fails with it, so nothing waits on a server whose weights are unknown. Works on a broken loop too."""
+        if self._loop.is_running():
+            try:
+                asyncio.run_coroutine_threadsafe(self._fail(error), self._loop).result(timeout=30)
+                return
+            except Exception:  # the loop could not do it: settle the futures from here (they are thread-safe)
+                pass
+        self._settle_all(error)
+
+    async def _fail(self, error: BaseException) -> None:
+        self._settle_all(error)
+        for task in list(self._live):
+            task.cancel()  # its samples are settled above; closing its stream aborts it in the server
+
+    def _settle_all(self, error: BaseException | None) -> None:
+        """Resolve every sample the streamer still owes: with `error` (a failed load; later blocks fail with
+        it), or aborted (error None: closing). Frozen and queued samples first, then those in flight."""
+        if error is not None:
+            self._failed = error
+        self._paused = False
+        frozen, self._frozen = self._frozen, []
+        queued, self._queued = self._queued, []
+        for block, k in frozen:
+            block.abort([k], error)
+        for block, _ in queued:
+            block.abort(list(range(len(block.futures))), error)
+        for task, block in list(self._live.items()):
+            block.abort(list(block._tasks.get(task, [])), error)
 
     async def _run(self, block: _Block, ks: list[int]) -> None:
         prompt, sampling = block.prompt, block.sampling
@@ -216,6 +259,7 @@ class VLLMSampleStreamer:
             done = len(block.ids[k])
             prompt_ids, seed, max_tokens = list(prompt.prompt_ids) + block.ids[k], None, sampling.max_tokens - done
             what = f"the continuation of sample {block.seed + k} of prompt {prompt.id} after {done} tokens"
+            block.resumed[k] = True
             if max_tokens < 1:  # every token it may have came before the freeze
                 self._finish(block, k, "length")
                 return
@@ -237,6 +281,7 @@ class VLLMSampleStreamer:
             # so seeds would not make a partial run reproducible.
             body["seed"] = seed
         self.meter.add(count)
+        handed = 0  # samples `_take_chunk` finished (and took off the meter)
         try:
             response = await self._open(body)  # it holds one of the `concurrency` slots until it is closed
             try:
@@ -250,13 +295,13 @@ class VLLMSampleStreamer:
                     payload = line[6:]
                     if payload == "[DONE]":
                         break
-                    self._take_chunk(block, ks, count, version, what, payload)
+                    handed += self._take_chunk(block, ks, count, version, what, payload)
             finally:
                 await asyncio.shield(self._close_later(response))  # a second cancel must not stop it half-way
         except httpx.HTTPError as err:
             raise self._error(f"{what}: request to {self.base_url}/v1/completions failed: {err!r}") from err
         finally:
-            self.meter.add(-sum(not block.futures[k].done() for k in ks))  # `_take_chunk` took the finished ones
+            self.meter.add(handed - count)  # `_take_chunk` took the finished ones
         unfinished = [c for c, k in enumerate(ks) if not block.futures[k].done()]
         if unfinished:
             raise self._error(f"{what}: the stream ended without finishing completions {unfinished}")
@@ -314,11 +359,13 @@ class VLLMSampleStreamer:
         return task
 
     def _take_chunk(self, block: _Block, ks: list[int], count: int, version: int | None, what: str,
-                    payload: str) -> None:
-        """One streamed chunk into the block's samples; a sample it finishes is handed over at once."""
+                    payload: str) -> int:
+        """One streamed chunk into the block's samples; a sample it finishes is handed over at once.
+        Returns the samples it finished."""
         chunk = json.loads(payload)
         if "error" in chunk or not chunk.get("choices"):
             raise self._error(f"{what}: the server streamed an error: {payload[:500]}")
+        handed = 0
         for choice in chunk["choices"]:
             c = int(choice.get("index", 0))
             new_ids = choice.get("token_ids") or []
@@ -337,17 +384,27 @@ class VLLMSampleStreamer:
             if finish is not None and not block.futures[k].done():
                 # Handed over now, while its siblings still generate: it is verified meanwhile.
                 self.meter.add(-1)
+                handed += 1
                 self._finish(block, k, finish)
+        return handed
 
     def _finish(self, block: _Block, k: int, finish: str) -> None:
+        # A resumed sample's text is decoded whole from its ids: each request's detokenizer saw only its own
+        # tokens, so a load that split a multi-byte character would leave it garbled in the stitched chunks.
+        text = "".join(block.text[k])
+        if block.resumed[k]:
+            text = self._decode(block.ids[k])
+            cuts = [text.find(stop) for stop in block.sampling.stop if stop and stop in text]
+            text = text[:min(cuts)] if cuts else text  # vLLM's text ends before a stop string
         block.futures[k].set_result(StreamOutcome(
             Sample(prompt_id=block.prompt.id, completion_ids=block.ids[k], logprobs=block.logprobs[k],
-                   text="".join(block.text[k]), truncated=finish == "length",
+                   text=text, truncated=finish == "length",
                    token_versions=block.versions[k] if self.partial else None), len(block.ids[k])))
 
     def close(self) -> None:
         """Cancel what is in flight, close the client, stop the loop's thread and close the loop. Idempotent."""
         async def shutdown():
+            self._settle_all(None)  # frozen and queued samples have no task whose cancel would settle them
             for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
                 task.cancel()
             await self._client.aclose()
@@ -361,5 +418,6 @@ class VLLMSampleStreamer:
             finally:
                 self._loop.call_soon_threadsafe(self._loop.stop)
                 self._thread.join(timeout=10)
+                self._settle_all(None)  # what the shutdown could not reach: nothing a caller waits on stays open
         if not self._thread.is_alive():  # a loop whose thread is stuck cannot be closed; it dies with it
             self._loop.close()  # its selector and self-pipe: two fds per streamer, otherwise left open

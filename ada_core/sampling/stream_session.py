@@ -266,6 +266,8 @@ class StreamSession:
             chosen = sorted(set(done[:take]) | {i for i in done if is_due(i)})  # due ones past the first `take` too
             late = [i for i in self.open if (final or is_due(i)) and i not in set(chosen)]  # stale="drop": not done
             # in time; `final`: every prompt left open, which no later step will train
+            late_samples = [s for i in late for s in self.pools[i].samples]
+            positives = sum(s.reward > cfg.positive_threshold for s in late_samples)  # type: ignore[operator]
             for i in late:
                 in_flight = self.schedule.drop(i)
                 self.aborted_keys.update((i, k) for k in in_flight)  # their engine events count as aborted tokens
@@ -293,6 +295,9 @@ class StreamSession:
             extra = {mk.SAMPLER_CARRIED: float(len(self.open)),
                      mk.SAMPLER_CARRIED_SAMPLES: float(sum(len(self.pools[i].samples) for i in self.open)),
                      mk.BUDGET_DROPPED_SAMPLES: float(dropped[0]), mk.BUDGET_DROPPED_TOKENS: float(dropped[1])}
+            if stale == "drop":  # what the drop takes out of training: the slow prompts, and how hard they were
+                extra[mk.SAMPLER_DROPPED_PROMPTS] = float(len(late))
+                extra[mk.SAMPLER_DROPPED_PASS_RATE] = positives / len(late_samples) if late_samples else 0.0
         return finish_batch(pools, groups, clock, cfg, [cfg.exit_rule, "unresolved"], extra)
 
     def carry_step(self, take: int, source: PromptSource, verifier: Verifier, sampling: SamplingParams,

@@ -138,7 +138,7 @@ def evaluate(state: RunState) -> dict[str, float]:
 def _score(state: RunState, prompts: list[Prompt], sampling: SamplingParams) -> tuple[float, float, list[dict]]:
     """(avg@k, pass@k, one row per sample) of `prompts` at `config.eval_k` samples each."""
     cfg, k = state.config, state.config.eval_k
-    samples = state.rollout.generate([(p, k) for p in prompts], sampling)
+    samples = state.rollout.generate_between_loads([(p, k) for p in prompts], sampling)  # seeded: no load runs meanwhile
     flat = [(p, s) for p, group in zip(prompts, samples) for s in group]
     verdicts = state.verifier.verify([(p, s.text) for p, s in flat])
     rewards = np.array([v.reward for v in verdicts], dtype=float).reshape(len(prompts), k)
@@ -254,6 +254,9 @@ def run_steps(state: RunState, steps: StepFunctions = DEFAULT_STEPS, callbacks: 
             for i, (a, b) in enumerate(zip(readings, now)):
                 update[K.server_idle_key(i)] = (b.empty_s - a.empty_s) / (b.at - a.at) if b.at > a.at else 0.0
             readings = now
+            # Read now, every step: with rollout.async_steps they came only with a weight load that had finished
+            # by the time the batch arrived, so a row had them or not by timing.
+            update.update(state.rollout.server_counts())
             if state.ledger is not None:  # queued here, written by the ledger's thread
                 state.ledger.record(state.step, batch.pools, {g.prompt.id for g in batch.groups})
             last = step_metrics(state, batch, update, step_s)

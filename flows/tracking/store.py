@@ -161,7 +161,8 @@ def tracked_run(
 
     With `run_id`, reopen that run instead (a resume): same id, experiment and name, status RUNNING
     again, system metrics continue after their last step. The run ends FINISHED, or FAILED when the
-    body raises. Logging goes through the returned client with an explicit run id, so it does not
+    body raises, or KILLED when it was stopped from outside (a flow run cancelled in Prefect, which reaches the
+    process as SIGTERM: Prefect raises `TerminationSignal` through the body; Ctrl-C). Logging goes through the returned client with an explicit run id, so it does not
     depend on which thread holds MLflow's active-run stack. Inside a Prefect flow run, the run is
     tagged with the flow run's id and UI URL (a resumed run with the flow run that resumed it), and
     its Description (`description`, default the run name) links to it; Prefect's log and artifacts
@@ -189,4 +190,17 @@ def tracked_run(
         if links.prefect_flow_run()[0]:
             links.announce_run(tracking_uri, experiment_id, run.info.run_id, run_name,
                                "child" if parent_run_id else flow)
-        yield client, run.info.run_id
+        try:
+            yield client, run.info.run_id
+        except BaseException as err:
+            if stopped_from_outside(err):  # MLflow's own exit would say FAILED
+                mlflow.end_run("KILLED")
+            raise
+
+
+def stopped_from_outside(err: BaseException) -> bool:
+    """Whether `err` is a stop, not a failure: Prefect's cancel (a SIGTERM the flow engine raises as
+    `TerminationSignal`) or Ctrl-C."""
+    from prefect.exceptions import TerminationSignal
+
+    return isinstance(err, (TerminationSignal, KeyboardInterrupt))

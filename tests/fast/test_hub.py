@@ -3,6 +3,7 @@ paper's evaluation suite loaded from it; offline or unreachable and not cached: 
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -261,6 +262,11 @@ def test_a_snapshot_missing_a_shard_is_refused_naming_it(hub_cache, monkeypatch,
     assert len(result.stderr.strip().splitlines()) == 1
     monkeypatch.delenv("HF_HUB_OFFLINE")  # a hub that cannot be reached cannot complete it either
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")
+    # huggingface_hub retries a refused connection 5 times with backoff (1+2+4+8+8 s for each file it asks
+    # for): 46 s of this test's sleeping, in a tier that promises under a minute. Once is enough to be refused.
+    from huggingface_hub.utils import _http
+
+    monkeypatch.setattr(_http, "http_backoff", functools.partial(_http.http_backoff, max_retries=0))
     with pytest.raises(HubError, match=rf"{missing}, and the hub could not be reached"):
         dataset_files(parse_hub_id(f"org/shards@{commit}"))
     with pytest.raises(HubError, match=missing):

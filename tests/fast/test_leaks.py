@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
+from pathlib import Path
 
 import pytest
 import support
@@ -61,3 +63,32 @@ def test_run_state_closes_every_part_when_one_fails_to_close():
     with pytest.raises(RuntimeError, match="verifier failed to close"):
         state.close()
     assert closed == ["ledger", "verifier", "rollout", "updater"]  # the rollout engine (a vLLM server) too
+
+
+def test_a_killed_runs_staged_weights_are_removed_by_the_next_start(tmp_path):
+    """A run SIGKILLed with weights staged in its sync folder (on /dev/shm, a full copy of the model in RAM)
+    leaves them behind; the next engine's start removes them. A live process's folder, another machine's or
+    boot's (a shared sync_dir), and one whose name says no owner stay."""
+    import signal
+    import subprocess
+    import sys
+
+    from ada_core.engines.vllm_engine import SYNC_PREFIX, make_sync_dir
+
+    code = ("import os, sys; from ada_core.engines.vllm_engine import make_sync_dir; "
+            "d = make_sync_dir(sys.argv[1]); (d / 'v3').mkdir(); (d / 'v3' / 'model.safetensors').write_bytes(b'w' * 1024); "
+            "print(d, flush=True); sys.stdin.read()")
+    killed = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
+    left = Path(killed.stdout.readline().strip())
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert (left / "v3" / "model.safetensors").is_file()
+    live = make_sync_dir(tmp_path)  # this process's: alive
+    other_host = tmp_path / f"{SYNC_PREFIX}{os.getpid()}.1.00000000-abc"
+    unnamed = tmp_path / f"{SYNC_PREFIX}k2j3h4"
+    for folder in (other_host, unnamed):
+        folder.mkdir()
+    mine = make_sync_dir(tmp_path)
+    assert not left.exists()
+    assert live.is_dir() and mine.is_dir() and other_host.is_dir() and unnamed.is_dir()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -32,11 +33,11 @@ def test_a_compare_reference_must_be_one_of_its_runs():
     """The report pairs every run against `reference` by label (Table C); one no child carries left it empty."""
     with pytest.raises(ValidationError, match=r"reference: 'grpo' is not one of the runs \['ada-pos', 'ada-balance', "
                                               r"'grpo-matched'\]"):
-        CompareParams(variants=["ada-pos", "ada-balance"])
+        CompareParams(variants=["ada-pos", "ada-balance"], matched_grpo=True)
     with pytest.raises(ValidationError, match="reference: 'grpo-matched'"):
         CompareParams(variants=["grpo", "ada-balance"], matched_grpo=False, reference="grpo-matched")
     assert CompareParams(variants=["ada-pos", "ada-balance"], reference="ada-balance").reference == "ada-balance"
-    assert CompareParams(variants=["ada-pos", "ada-balance"], reference="grpo-matched").reference == "grpo-matched"
+    assert CompareParams(variants=["ada-pos", "ada-balance"], matched_grpo=True, reference="grpo-matched").reference == "grpo-matched"
     assert CompareParams().reference == "grpo"
 
 
@@ -82,7 +83,8 @@ def test_every_override_key_is_checked_when_the_parameters_are_validated():
     """An unknown key, a value of the wrong type, or a key the flow sets itself is refused with the key named;
     the seed and preset given in overrides used to run silently under another seed's and preset's name."""
     refusals = {
-        "unknown key 'sampler.MM': sampler has no field 'MM'": {"sampler.MM": 3},
+        "unknown key 'sampler.MM': sampler has no field 'MM' (did you mean 'sampler.M'? its fields: M, M0, N, ": {"sampler.MM": 3},
+        "unknown key 'optim.learning_rate': optim has no field 'learning_rate' (its fields: ": {"optim.learning_rate": 1},
         "unknown key 'sampler.MM'": {"sampler": {"MM": 3}},
         "'sampler.M': Input should be a valid integer": {"sampler.M": "eight"},
         "'optim.lr': Input should be greater than 0": {"optim.lr": -1},
@@ -182,12 +184,31 @@ def test_forms_show_the_defaults_and_keep_angle_brackets():
             assert schema["properties"][name].get("default") == instance.model_dump(mode="json")[name], (cls, name)
             assert "<" not in re.sub(r"`[^`]*`", "", field.description or ""), (cls.__name__, name)
     compare = CompareParams.model_json_schema()["properties"]
-    assert compare["variants"]["default"] == ["grpo", "ada-pos", "ada-balance"] and compare["seeds"]["default"] == [0]
-    assert compare["regimes"]["default"] == ["default"] and compare["matched_grpo"]["default"] is True
-    assert compare["curate"]["default"] is True
+    # An unedited compare is two arms, GRPO against Ada-balance: a third variant and the matched control, both
+    # pre-selected, grew every two-arm comparison unless the user spotted them.
+    assert compare["variants"]["default"] == ["grpo", "ada-balance"] and compare["seeds"]["default"] == [0]
+    assert compare["regimes"]["default"] == ["default"] and compare["matched_grpo"]["default"] is False
+    assert compare["curate"]["default"] is True and compare["eval_every"]["default"] is None
     a, b = CompareParams(), CompareParams()  # a literal list default is still one list per instance
     a.variants.append("dapo")
-    assert b.variants == ["grpo", "ada-pos", "ada-balance"]
+    assert b.variants == ["grpo", "ada-balance"]
+
+
+def test_eval_every_is_a_form_field_that_reaches_every_run():
+    """A 30-step run at the profile's eval_every (20 on testbed) drew a curve of three points, and the form had
+    no field for it: now each training form has one, which reaches the config, a group's children and a resume's
+    checks; given in overrides too it is refused."""
+    from flows.group import child_params
+
+    assert TrainParams(steps=30, eval_every=5).config().eval_every == 5
+    assert TrainParams(profile="testbed").config().eval_every == 20  # empty: the profile's
+    compare = CompareParams(steps=30, eval_every=3)
+    child = child_params(compare, "grpo", 0, "grpo", "sqlite:///x.db", "parent", Path("/tmp/group"))
+    assert child.eval_every == 3 and child.config().eval_every == 3
+    assert TrainParams(resume="run", eval_every=4).resume_overrides() == {"eval_every": 4}
+    assert SweepParams(eval_every=2).build("ada-balance", 0, group=True).eval_every == 2
+    with pytest.raises(ValidationError, match=r"eval_every: given twice, 5 in the field and 3 in overrides"):
+        TrainParams(eval_every=5, overrides={"eval_every": 3})
 
 
 def test_the_demo_builds_on_the_calibrated_testbed():

@@ -98,6 +98,10 @@ def test_carry_over_is_refused_where_it_cannot_apply():
         build_config("ada-balance", "tiny", overrides={**CARRY, "rollout": {**ON, "async_steps": 2, "max_staleness": 1}})
     with pytest.raises(ConfigError, match=r"rollout\.stale"):
         build_config("ada-balance", "tiny", overrides={**CARRY, "rollout": {**ON, "stale": "drop"}})
+    with pytest.raises(ConfigError, match=r"rollout\.stale: 'drop' with rollout\.max_staleness: 1 = rollout\.async_steps"
+                                          r".* nothing is ever carried or dropped"):
+        build_config("ada-balance", "tiny", overrides={**CARRY, "rollout": {**ON, "max_staleness": 1, "stale": "drop"}})
+    assert build_config("ada-balance", "tiny", overrides={**CARRY, "rollout": {**ON, "max_staleness": 1}}).rollout.stale == "wait"
     bounded = build_config("ada-balance", "tiny", overrides={**CARRY, "rollout": {**ON, "max_staleness": 3, "stale": "drop"}})
     assert bounded.rollout.max_staleness == 3 and bounded.rollout.stale == "drop"
 

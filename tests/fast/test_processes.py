@@ -35,13 +35,28 @@ def stranger():
     process.wait()
 
 
-def _still_running(process: subprocess.Popen) -> bool:
-    """Whether `process` is still running 2 s on: a signal sent to it has landed by then."""
-    try:
-        process.wait(timeout=2)
-    except subprocess.TimeoutExpired:
-        return True
-    return False
+@pytest.fixture()
+def bystander():
+    """A stranger (a session of its own) that blocks SIGTERM, SIGINT and SIGHUP: one sent to it stays pending,
+    where /proc shows it at once (`_never_signalled`), instead of a wait to see whether it dies."""
+    code = ("import signal, sys; signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, "
+            "signal.SIGHUP}); print(flush=True); sys.stdin.read()")
+    process = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE)
+    process.stdout.readline()  # its signals are blocked from here on
+    yield process
+    process.kill()
+    process.wait()
+
+
+def _never_signalled(process: subprocess.Popen) -> bool:
+    """Whether no SIGTERM, SIGINT, SIGHUP or SIGKILL was ever sent to `process` (a `bystander`): the first three
+    stay pending while blocked, and a SIGKILL is pending or has ended it. Read once, no waiting: a signal sent
+    by a call that has returned is already there."""
+    fields = dict(line.split(":\t", 1) for line in Path(f"/proc/{process.pid}/status").read_text().splitlines())
+    pending = int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)
+    sent = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL}
+    return process.poll() is None and fields["State"][0] not in "ZX" and not any(pending >> (s - 1) & 1 for s in sent)
 
 
 def _servers_json(home: Path, pid: int, ident: dict | None) -> Path:
@@ -57,22 +72,25 @@ def _servers_json(home: Path, pid: int, ident: dict | None) -> Path:
 
 
 @pytest.mark.parametrize("record", ["older start", "before a reboot", "not recorded"])
-def test_ui_stop_leaves_alone_a_process_that_has_a_stale_servers_json_pid(stranger, record, infra_ui, tmp_path, capsys):
+def test_ui_stop_leaves_alone_a_process_that_has_a_stale_servers_json_pid(bystander, record, infra_ui, tmp_path,
+                                                                          capsys):
     """The recorded server died long ago (or the machine rebooted) and its pid now leads someone else's
     group: stopping must not touch it, and must say why."""
+    stranger = bystander
     ident = identity(stranger.pid)
     ident = {"older start": {**ident, "start": ident["start"] - 100}, "before a reboot": {**ident, "boot": "another"},
              "not recorded": None}[record]
     state = _servers_json(tmp_path, stranger.pid, ident)
     infra_ui.stop(tmp_path)
-    assert _still_running(stranger), f"make ui-stop signalled pid {stranger.pid}, which was not its process"
+    assert _never_signalled(stranger), f"make ui-stop signalled pid {stranger.pid}, which was not its process"
     assert not state.exists()
     said = capsys.readouterr().out
     assert f"prefect_server (pid {stranger.pid}): not " in said, said
 
 
-def test_ui_stop_run_by_another_user_says_so_in_a_line_and_goes_on(stranger, infra_ui):
+def test_ui_stop_run_by_another_user_says_so_in_a_line_and_goes_on(bystander, infra_ui):
     """`make ui-stop` by a user who may not signal the servers (they are root's): one line each, no traceback."""
+    stranger = bystander
     home = Path(tempfile.mkdtemp(prefix="ada-ui-home-"))  # pytest's tmp_path sits in a folder only root may enter
     state = _servers_json(home, stranger.pid, identity(stranger.pid))
     for path in (home, state.parent):
@@ -103,7 +121,7 @@ def test_ui_stop_run_by_another_user_says_so_in_a_line_and_goes_on(stranger, inf
     shutil.rmtree(home)
     assert "TRACEBACK" not in said, said
     assert said.count("not permitted") == 3, said
-    assert _still_running(stranger)
+    assert _never_signalled(stranger)
 
 
 def test_ui_stop_ends_a_group_it_recorded_and_its_children(infra_ui, tmp_path):

@@ -135,8 +135,8 @@ def test_runs_of_another_start_are_refused_in_one_line_naming_the_file(bench, tm
         tables_from(bench, tmp_path, first, later)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"paper_tables: refused: {later}: pool {pool_name}, grpo seed 2")
-    assert f"has {key} {value}, but {first} " in err and f"has {START[key]}" in err and where in err
+    assert err.count("\n") == 1 and err.startswith(f"paper_tables: refused: {later}:1: pool {pool_name}, grpo seed 2")
+    assert f"has {key} {value}, but {first}:1 " in err and f"has {START[key]}" in err and where in err
     assert not (tmp_path / "out").exists()  # nothing written
 
 
@@ -154,9 +154,23 @@ def test_the_same_run_twice_is_refused(bench, tmp_path, capsys):
         tables_from(bench, tmp_path, path, path)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert err == f"paper_tables: refused: {path}: pool standard, grpo seed 0 is there twice (also in {path}): " \
+    assert err == f"paper_tables: refused: {path}:1: pool standard, grpo seed 0 is there twice (also in {path}:1): " \
                   "refused, not combined\n"
     assert not (tmp_path / "out").exists()
+
+
+def test_a_run_duplicated_within_a_file_is_refused_naming_both_lines(bench, tmp_path, capsys):
+    """A file edited by hand, its first run pasted again at the end: the refusal names the two lines."""
+    path = save(tmp_path / "runs.jsonl", runs_by_pool())
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines) + lines[0])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        tables_from(bench, tmp_path, path)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err == (f"paper_tables: refused: {path}:{len(lines) + 1}: pool standard, grpo seed 0 is there twice "
+                   f"(also in {path}:1): refused, not combined\n")
 
 
 def test_a_run_without_a_recorded_start_is_refused(bench, tmp_path, capsys):
@@ -171,7 +185,7 @@ def test_a_run_without_a_recorded_start_is_refused(bench, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         tables_from(bench, tmp_path, path)
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err == (f"paper_tables: refused: {path}: pool standard, grpo seed 0 records no "
+    assert capsys.readouterr().err == (f"paper_tables: refused: {path}:1: pool standard, grpo seed 0 records no "
                                        "start_model_sha256: its start cannot be matched, so it is not combined\n")
 
 

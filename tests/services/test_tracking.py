@@ -212,3 +212,24 @@ def test_runs_logging_one_dataset_at_once_all_get_it(postgres_uri):
         for run_id in runs:
             [dataset] = client.get_run(run_id).inputs.dataset_inputs
             assert dataset.dataset.name == "arithmetic:training"
+
+
+def test_a_run_cancelled_in_prefect_is_killed_not_failed(tmp_path):
+    """Prefect's cancel reaches the run as SIGTERM, which its flow engine raises as TerminationSignal through
+    the body: the MLflow run ends KILLED (and a parent still running stays RUNNING); an error ends it FAILED."""
+    import signal
+
+    from prefect.exceptions import TerminationSignal
+
+    uri = f"sqlite:///{tmp_path}/cancel.db"
+    client = MlflowClient(tracking.resolve_tracking_uri(uri))
+    with tracking.tracked_run(uri, "cancel-test", run_name="parent") as (_, parent_id):
+        with pytest.raises(TerminationSignal):
+            with tracking.tracked_run(uri, "cancel-test", run_name="cancelled", parent_run_id=parent_id) as (_, run_id):
+                raise TerminationSignal(signal.SIGTERM)
+        assert client.get_run(run_id).info.status == "KILLED"
+        assert client.get_run(parent_id).info.status == "RUNNING"
+    with pytest.raises(RuntimeError):
+        with tracking.tracked_run(uri, "cancel-test", run_name="failed") as (_, failed_id):
+            raise RuntimeError("a real failure")
+    assert client.get_run(failed_id).info.status == "FAILED" and client.get_run(parent_id).info.status == "FINISHED"

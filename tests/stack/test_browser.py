@@ -119,23 +119,24 @@ def test_compare_form_shows_what_an_unedited_run_does(ui_stack, browser, prefect
             deployment = client.read_deployment_by_name("compare/compare")
     unedited = CompareParams(**deployment.parameters["params"])  # what a run of the untouched form gets
     children = len(unedited.variants) * len(unedited.seeds) * len(unedited.regimes) + unedited.matched_grpo
-    assert (unedited.children, children, unedited.curate) == ("deployments", 4, True)
+    assert (unedited.children, children, unedited.curate) == ("deployments", 2, True)  # two arms, not four
 
     first = browser.current_window_handle
     browser.switch_to.new_window("tab")  # a form page may hold the tab with "leave this page?": its own tab
     try:
         browser.get(f"{state['prefect_url']}/deployments/deployment/{deployment.id}/run")
-        text = _wait_for_text(browser, lambda t: "Regimes" in t and "Matched Grpo" in t)
-        labels = ["Variants", "Seeds", "Regimes", "Matched Grpo", "Curate", "Children"]
+        text = _wait_for_text(browser, lambda t: "Regimes" in t and "Matched Grpo" in t and "Eval Every" in t)
+        labels = ["Variants", "Seeds", "Regimes", "Matched Grpo", "Curate", "Children", "Eval Every"]
         fields = json.loads(browser.execute_script(FORM_FIELDS_JS, labels))
         browser.save_screenshot(str(home / "ui" / "prefect-compare-form.png"))
     finally:
         browser.close()
         browser.switch_to.window(first)
-    assert fields["Variants"]["selected"] == unedited.variants == ["grpo", "ada-pos", "ada-balance"], fields
+    assert fields["Variants"]["selected"] == unedited.variants == ["grpo", "ada-balance"], fields
     assert fields["Seeds"]["values"] == [str(s) for s in unedited.seeds] == ["0"], fields
     assert fields["Regimes"]["selected"] == unedited.regimes == ["default"], fields
-    assert fields["Matched Grpo"]["checked"] == [True] and fields["Curate"]["checked"] == [True], fields
+    assert fields["Matched Grpo"]["checked"] == [False] and fields["Curate"]["checked"] == [True], fields
+    assert fields["Eval Every"]["values"] == [""] and unedited.eval_every is None, fields  # empty: the profile's
     assert fields["Children"]["selected"] == ["deployments"], fields
     assert "<flow>/<deployment>" in text  # in backticks: markdown would take a bare <flow> for a tag
 
