@@ -178,6 +178,8 @@ def matched_rows(pool: PoolRuns) -> list[dict]:
     at the read step (equal updates)."""
     rows = []
     for method in pool.labels:
+        if method in GRPO_BY_N.values() or method.startswith(tuple(f"grpo-{kind}." for kind in CONTROL_KINDS)):
+            continue  # GRPO itself and the controls have no controls
         for kind in CONTROL_KINDS:
             pairs = control_pairs(pool, method, kind)
             if not pairs:

@@ -151,4 +151,4 @@ def test_table_c_matched_reads_each_method_against_its_controls_at_equal_samples
     # n = 256 / 32 = 8: grpo-n8's run of each seed is the control (0.5 + 0.02 s)
     row = row_of(text, "standard", "ada", "grpo-n8 (n)")
     assert row.startswith("| standard | ada | grpo-n8 (n) | 0,1,2 | 256 / 256 | 512 | 2 / 2 | +0.010 [")
-    assert "| standard | grpo |" not in text  # GRPO has no controls
+    assert "| standard | grpo |" not in text and "| standard | grpo-b.ada |" not in text  # GRPO and controls have none
