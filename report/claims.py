@@ -191,6 +191,23 @@ def matched_text(pool: PoolRuns, method: str) -> str:
     return "; ".join(parts) if parts else "no controls run"
 
 
+def control_sentences(pool: PoolRuns) -> list[str]:
+    """Each adaptive method against each budget-matched control at the read step (equal updates, about equal
+    samples), one sentence a row of Table C, by the rule of `relation`."""
+    out = []
+    for row in matched_rows(pool):
+        if not row["seeds"]:
+            continue
+        mean, half = row["step_ci"]
+        verb = {"above": "above", "below": "below", "tie": "ties with"}[relation(mean, half)]
+        m_s, c_s = row["samples_per_step"]
+        kind = "GRPO n = 4 over more prompts" if row["kind"] == "b" else "GRPO at its samples a prompt"
+        out.append(f"- {name(row['method'])} {verb} its control {', '.join(row['control'])} ({kind}; {m_s:,.0f} "
+                   f"against {c_s:,.0f} samples a step): {interval(mean, half)} (seeds "
+                   f"{','.join(map(str, row['seeds']))}, step {pool.step:g}, {pool.name} pool)")
+    return out
+
+
 def claims_table(pools: dict[str, PoolRuns]) -> str:
     lines = ["| claim (paper version) | pool | verdict | number [95% interval] | read at | at equal samples and updates "
              "(vs the budget-matched GRPO controls, read step) |", "|---|---|---|---|---|---|"]
@@ -204,10 +221,14 @@ def book_blocks(paths: list[str | Path], methods: list[str]) -> dict[str, str]:
 
     runs, _ = read_runs(paths, methods)
     pools = read_pools(runs)
-    orderings = []
+    orderings, controls = [], []
     for pool in pools.values():
         orderings += ordering(pool, methods) + [""]
-    return {"orderings": "\n".join(orderings).rstrip() + "\n", "claims": claims_table(pools) + "\n"}
+        controls += control_sentences(pool)
+    out = {"orderings": "\n".join(orderings).rstrip() + "\n", "claims": claims_table(pools) + "\n"}
+    if controls:
+        out["controls"] = "\n".join(controls) + "\n"
+    return out
 
 
 BEGIN, END = "<!-- claims:begin {name} from {files} -->", "<!-- claims:end -->"
