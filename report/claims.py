@@ -8,6 +8,7 @@ tests/fast/test_results_book.py writes them again from the committed saved runs 
 the numbers do not support cannot stand in the book.
 
     python -m report.claims docs/benchmarks/runs/FILE.jsonl ...     # the blocks, from the files given
+    python -m report.claims --write docs/benchmarks/testbed.md       # every block of a page, written again
 
 What is compared, and where:
 - **Per step** (the paper's reading): A - B at the pool's read step (report/pools.py), paired by seed.
@@ -247,8 +248,32 @@ def blocks_in(text: str) -> list[tuple[str, list[str], str]]:
     return out
 
 
+def write_blocks(page: str | Path, root: str | Path = ".") -> int:
+    """Write every block of `page` again from the saved-runs files its marker names (paths from `root`);
+    returns how many blocks it wrote."""
+    lines = Path(page).read_text().splitlines(keepends=True)
+    out, i, count = [], 0, 0
+    while i < len(lines):
+        out.append(lines[i])
+        if lines[i].startswith("<!-- claims:begin "):
+            head = lines[i].strip()[len("<!-- claims:begin "):-len(" -->")]
+            block_name, _, files = head.partition(" from ")
+            j = next(k for k in range(i + 1, len(lines)) if lines[k].startswith(END))
+            out.append(book_blocks([Path(root) / f for f in files.split()], list(PAPER_NAMES))[block_name])
+            count += 1
+            i = j
+            continue
+        i += 1
+    Path(page).write_text("".join(out))
+    return count
+
+
 def main(argv: list[str] | None = None) -> None:
     paths = argv if argv is not None else sys.argv[1:]
+    if paths[:1] == ["--write"]:  # python -m report.claims --write docs/benchmarks/testbed.md
+        for page in paths[1:]:
+            print(f"{page}: {write_blocks(page)} blocks written from their saved runs")
+        return
     for block_name, text in book_blocks(paths, list(PAPER_NAMES)).items():
         print(BEGIN.format(name=block_name, files=" ".join(paths)))
         print(text, end="")

@@ -204,7 +204,8 @@ def test_under_stale_drop_a_due_prompt_not_done_is_dropped_and_counted_and_a_lat
         m = batch.metrics
         assert m[K.BUDGET_DROPPED_SAMPLES] == engine.asked[prompts[3].id] > 0 and m[K.BUDGET_DROPPED_TOKENS] == 0
         assert m[K.SAMPLER_CARRIED] == 1 and m[K.SAMPLER_CARRIED_SAMPLES] == 0
-        assert m[K.BUDGET_GENERATED_SAMPLES] == sum(len(pool.samples) for pool in batch.pools)
+        # the budget counts every sample once: the batch's pools and the dropped prompt's
+        assert m[K.BUDGET_GENERATED_SAMPLES] == sum(len(pool.samples) for pool in batch.pools) + m[K.BUDGET_DROPPED_SAMPLES]
         assert all(f.done() and f.result().sample is None for f in engine.held[prompts[3].id])  # cancelled
         assert not any(f.done() for f in engine.held[prompts[4].id])  # still running
     finally:
