@@ -49,7 +49,7 @@ def paired_at_step(pool: PoolRuns, a: str, b: str, step: float | None = None) ->
         return None
     diffs = [value_at(runs_a[s], "step", at) - value_at(runs_b[s], "step", at) for s in seeds]
     mean, half = mean_ci(diffs)
-    return {"a": a, "b": b, "mean": mean, "half": half, "seeds": seeds, "step": at}
+    return {"a": a, "b": b, "mean": mean, "half": half, "seeds": seeds, "step": at, "diffs": diffs}
 
 
 def relation(mean: float, half: float) -> str:
@@ -110,16 +110,6 @@ def across_pools(hard: dict, standard: dict) -> tuple[float, float]:
     return mean, float(stats.t.ppf(0.975, dof) * se)
 
 
-def _with_diffs(pool: PoolRuns, a: str, b: str, step: float | None = None) -> dict | None:
-    d = paired_at_step(pool, a, b, step)
-    if d is None:
-        return None
-    at = d["step"]
-    runs_a, runs_b = {r.seed: r for r in pool.of(a)}, {r.seed: r for r in pool.of(b)}
-    d["diffs"] = [value_at(runs_a[s], "step", at) - value_at(runs_b[s], "step", at) for s in d["seeds"]]
-    return d
-
-
 def samples_per_prompt(pool: PoolRuns, method: str) -> float:
     values = [float(np.mean(r.step_values(K.BUDGET_GENERATED_SAMPLES))) / float(r.config.get("prompts_per_step") or 32)
               for r in pool.of(method)]
@@ -162,7 +152,7 @@ def claims_rows(pools: dict[str, PoolRuns]) -> list[list[str]]:
                              interval(d["mean"], d["half"]),
                              f"step {early:g}, seeds {','.join(map(str, d['seeds']))}", matched_text(pool, "ada-balance")])
     if "hard" in pools and "standard" in pools:
-        hard, standard = (_with_diffs(pools[p], "ada-balance", "grpo") for p in ("hard", "standard"))
+        hard, standard = (paired_at_step(pools[p], "ada-balance", "grpo") for p in ("hard", "standard"))
         if hard and standard and len(hard["diffs"]) > 1 and len(standard["diffs"]) > 1:
             mean, half = across_pools(hard, standard)
             rel = relation(mean, half)
