@@ -5,7 +5,6 @@ hashed and its scores filtered. The recipe that trains it stays tested in tests/
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -80,12 +79,12 @@ def test_the_testbed_profile_is_the_shipped_recipe_and_sft_shipped_false_is_the_
 
 def test_a_fresh_home_curates_the_testbed_from_the_shipped_start_in_seconds(tmp_path, monkeypatch):
     """Both pools of the paper grid in a fresh ADA_HOME: the manifest's weights, curated ids and held-out and
-    validation ids (the flows' own training_config and run_split), no SFT trained, no prompt sampled."""
+    validation ids (the flows' own training_config and run_split), no SFT trained, no prompt sampled: seconds
+    on any machine, shown by what did not run rather than by a clock."""
     monkeypatch.setenv("ADA_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("TQDM_DISABLE", "1")
     start = _testbed()
     splits = shipped.read_gzip_json(TESTBED / shipped.SPLITS)
-    began = time.perf_counter()
     for name, overrides in TESTBED_BANDS.items():
         config = _pool_config(overrides)
         curated = _curate_dataset(**curation_inputs(config, data_seed(config)))
@@ -109,7 +108,6 @@ def test_a_fresh_home_curates_the_testbed_from_the_shipped_start_in_seconds(tmp_
     trained = [p.name for p in (tmp_path / "home" / "cache" / "sft").iterdir() if not p.name.startswith(".")]
     assert trained == [f"shipped-{start.model_sha256[:16]}"]  # the copy, and no SFT run of its own
     assert not (tmp_path / "home" / "models").exists()  # not even the base model was built
-    assert time.perf_counter() - began < 120
 
 
 def test_a_damaged_shipped_start_is_refused_in_one_line(tmp_path, monkeypatch):
