@@ -117,6 +117,28 @@ def ada_home(tmp_path_factory):
     patch.undo()
 
 
+@pytest.fixture(autouse=True)
+def sampler_registry_restored():
+    """Every test leaves the sampler registry, the presets and the plugin modules as it found them: a test
+    that registers a sampler in-process (an $ADA_SAMPLERS compare run in the worker) would otherwise list it
+    in every later test the same xdist worker runs."""
+    import sys
+
+    from ada_core.config import PRESETS, registry
+
+    samplers, loaded, presets, modules = dict(registry._SAMPLERS), set(registry._LOADED), dict(PRESETS), set(sys.modules)
+    yield
+    registry._SAMPLERS.clear()
+    registry._SAMPLERS.update(samplers)
+    registry._LOADED.clear()
+    registry._LOADED.update(loaded)
+    PRESETS.clear()
+    PRESETS.update(presets)
+    for name in set(sys.modules) - modules:
+        if name.startswith("ada_sampler_plugin_"):
+            del sys.modules[name]
+
+
 @pytest.fixture(scope="session")
 def tiny_model(ada_home):
     from ada_core.models import resolve_model

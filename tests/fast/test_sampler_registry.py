@@ -1,7 +1,7 @@
 """The public sampler API (ada_core/config/registry.py; docs/SAMPLERS.md): a sampler registered by name is
 chosen, validated, built, listed and logged like the platform's own, and a bad one is refused in one line.
 
-Every test that registers a sampler restores the registry and the presets after it (`clean_registry`).
+Every test leaves the registry and the presets as it found them (tests/conftest.py, sampler_registry_restored).
 tests/flows/test_own_sampler.py runs examples/second_chance.py through simulate, train and compare.
 """
 
@@ -31,21 +31,10 @@ EXAMPLE = ROOT / "examples" / "second_chance.py"
 
 @pytest.fixture(autouse=True)
 def clean_registry(monkeypatch):
-    """The registry, the presets and the plugins imported, as they were before the test."""
+    """No $ADA_SAMPLERS from the shell; tests/conftest.py's sampler_registry_restored puts back the registry,
+    the presets and the plugins imported after each test."""
     monkeypatch.delenv(registry.PLUGINS_ENV, raising=False)
     registry.load_plugins()
-    samplers, loaded, presets = dict(registry._SAMPLERS), set(registry._LOADED), dict(PRESETS)
-    modules = set(sys.modules)
-    yield
-    registry._SAMPLERS.clear()
-    registry._SAMPLERS.update(samplers)
-    registry._LOADED.clear()
-    registry._LOADED.update(loaded)
-    PRESETS.clear()
-    PRESETS.update(presets)
-    for name in set(sys.modules) - modules:
-        if name.startswith("ada_sampler_plugin_"):
-            del sys.modules[name]
 
 
 class KOptions(SamplerOptions):
