@@ -58,6 +58,10 @@ def test_a_few_steps_train_for_real(preset, tmp_path):
     evals = [r for r in rows if K.EVAL_AVG_AT_K in r]
     assert [r["step"] for r in evals] == [0, 2, 3]
     assert all(0.0 <= r[K.EVAL_AVG_AT_K] <= r[K.EVAL_PASS_AT_K] <= 1.0 for r in evals)
+    # The time split: each evaluation's seconds on its row, the set-up's once, on the first step's row.
+    assert all(r[K.TIME_EVAL_S] > 0 for r in evals) and not any(K.TIME_EVAL_S in r for r in step_rows)
+    assert [r["step"] for r in rows if K.TIME_SETUP_S in r] == [1] and step_rows[0][K.TIME_SETUP_S] > 0
+    assert step_rows[-1][K.TIME_ELAPSED_S] == pytest.approx(sum(r[K.TIME_STEP_S] for r in step_rows))
     generations = (tmp_path / preset / "generations.jsonl").read_text().splitlines()
     assert generations and {"prompt", "completion", "reward"} <= set(json.loads(generations[0]))
     if preset == "ada-balance":
