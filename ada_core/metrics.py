@@ -81,6 +81,9 @@ TIME_SYNC_S = "time/sync_s"  # weight sync to an out-of-process engine, plus sle
 TIME_OVERLAP_S = "time/overlap_s"  # rollout.async_steps: update time during which the servers were drawing
 TIME_STEP_S = "time/step_s"
 TIME_ELAPSED_S = "time/elapsed_s"  # run wall time so far
+TIME_EVAL_S = "time/eval_s"  # one evaluation (held-out, validation, suite), on its eval row; not in step_s or elapsed_s
+TIME_SETUP_S = "time/setup_s"  # the run's (or the resume's) set-up before its first step: data, start model, engines;
+# on the first step's row after it
 
 # sync/: the once-per-step weight sync to a vLLM server (absent with the in-process engine)
 SYNC_WRITE_S = "sync/write_s"  # writing the safetensors to the sync folder
@@ -135,6 +138,8 @@ UPDATE_IS_RATIO_MAX = "update/is_ratio_max"  # token max of exp(old - behaviour)
 UPDATE_TIS_CLIP_FRAC = "update/tis_clip_frac"  # share of trained tokens whose TIS weight hit loss.tis_cap
 UPDATE_OPTIMIZER_STEPS = "update/optimizer_steps"  # optimizer steps taken this step
 UPDATE_RECOMPUTE_S = "update/recompute_s"  # old (and reference) log-prob recompute
+UPDATE_OLD_RECOMPUTED = "update/old_recomputed"  # 1: a no-grad forward gave the old log-probs; 0: the update was one
+# optimizer step, whose own forward (detached) is the old policy's (update_plan.old_is_current)
 UPDATE_OPTIMIZE_S = "update/optimize_s"  # forward/backward/optimizer steps
 
 # dist/: the ranks of the update (distributed.num_ranks; world size 1 is the in-process engine)

@@ -3,7 +3,9 @@
 One `update(groups)` call is one training step:
 1. Flatten the groups into sequences `prompt_ids + completion_ids`, each with its group's advantage.
 2. Recompute the old-policy log-probs ONCE, with no grad, before any optimizer step (and the frozen
-   reference model's, when a KL term is on). Their per-token gap to the rollout engine's behaviour
+   reference model's, when a KL term is on). An update of ONE optimizer step (one PPO epoch, one
+   mini-batch: `update_plan.old_is_current`) skips that forward: the step starts from the old policy,
+   so its own log-probs, detached, are the old ones (`update/old_recomputed` 0). Their per-token gap to the rollout engine's behaviour
    log-probs, and the importance ratio exp(old - behaviour) it implies, are the off-policy guard
    metrics (`update/old_logprob_gap_*`, `update/is_ratio_*`): ~0 and ~1 with the in-process engine,
    the rollout-training mismatch with a vLLM server. `loss.tis_cap` corrects for it (losses.py).
@@ -56,8 +58,8 @@ import torch
 from ada_core.config import LossConfig, OptimConfig
 from ada_core.rl.losses import effective_mask, gather_logprobs, ppo_clip_loss, token_entropy
 from ada_core.engines.rendezvous import rendezvous_method
-from ada_core.engines.update_plan import (DIAGNOSTICS, Denominators, flatten, local_steps, plan_update,
-                                          update_metrics, zero_metrics)
+from ada_core.engines.update_plan import (DIAGNOSTICS, Denominators, flatten, local_steps, old_is_current,
+                                          plan_update, update_metrics, zero_metrics)
 from ada_core.engines.update_state import STATE_FILE, check_world_size, load_state, optimizer_state, save_state
 from ada_core.protocols import UpdateEngine
 from ada_core.records import Group
@@ -128,23 +130,28 @@ class DeepSpeedUpdateEngine(UpdateEngine):
         seqs = flatten(groups)
         if not seqs:
             return zero_metrics(lr=self._lr(), tis=self.loss_cfg.tis_cap is not None, world_size=1)
-        start = time.perf_counter()
-        self.recompute(seqs)
-        recompute_s = time.perf_counter() - start
         plan = plan_update(seqs, len(groups), self._shuffle, self.optim_cfg, self.loss_cfg, world_size=1,
                            max_response_len=self.max_response_len)
-        results, optimize_s = self.train_steps(local_steps(seqs, plan, rank=0))
+        current = old_is_current(plan)
+        start = time.perf_counter()
+        self.recompute(seqs, old=not current)
+        recompute_s = time.perf_counter() - start
+        results, optimize_s = self.train_steps(local_steps(seqs, plan, rank=0), old_is_current=current)
         return update_metrics(seqs, [results], [{"recompute_s": recompute_s, "optimize_s": optimize_s}],
-                              world_size=1, tis=self.loss_cfg.tis_cap is not None)
+                              world_size=1, tis=self.loss_cfg.tis_cap is not None, old_recomputed=not current)
 
-    def train_steps(self, steps: list[tuple[list[dict], Denominators]]) -> tuple[list[dict[str, float]], float]:
-        """Run planned optimizer steps on this rank's shares (old log-probs attached). Returns each step's
-        results (see `update_plan.update_metrics`) and the seconds taken."""
+    def train_steps(self, steps: list[tuple[list[dict], Denominators]],
+                    old_is_current: bool = False) -> tuple[list[dict[str, float]], float]:
+        """Run planned optimizer steps on this rank's shares (old log-probs attached, or, with `old_is_current`,
+        one step whose own forward gives them: each sequence gets its `old` from it, for the off-policy
+        metrics). Returns each step's results (see `update_plan.update_metrics`) and the seconds taken."""
+        if old_is_current and len(steps) != 1:
+            raise ValueError(f"old_is_current needs an update of one optimizer step, not {len(steps)}")
         start = time.perf_counter()
         was_training = self.module.training
         self.module.train()
         try:
-            results = [self._optimizer_step(share, denominators) for share, denominators in steps]
+            results = [self._optimizer_step(share, denominators, old_is_current) for share, denominators in steps]
         finally:
             self.module.train(was_training)
         return results, time.perf_counter() - start
@@ -212,23 +219,29 @@ class DeepSpeedUpdateEngine(UpdateEngine):
         return float(self.optimizer.param_groups[0]["lr"])
 
     @torch.no_grad()
-    def recompute(self, seqs: list[dict]) -> None:
-        """Attach `old` (and `ref`) log-prob tensors to every sequence, before any optimizer step."""
+    def recompute(self, seqs: list[dict], old: bool = True) -> None:
+        """Attach `old` (and `ref`) log-prob tensors to every sequence, before any optimizer step. `old=False`
+        (an update of one optimizer step, `update_plan.old_is_current`): `old` is left to that step, only the
+        frozen reference's run (when there is one)."""
+        for s in seqs:
+            s["old"], s["ref"] = None, None
+        if not old and self.ref_model is None:
+            return
         was_training = self.module.training
         self.module.eval()
         for start in range(0, len(seqs), self.optim_cfg.micro_batch_size):
             chunk = seqs[start : start + self.optim_cfg.micro_batch_size]
             batch = collate(chunk, self.pad_token_id, self.engine.device)
-            old = gather_logprobs(self._response_logits(self.module, batch), batch["response_ids"])
+            olds = gather_logprobs(self._response_logits(self.module, batch), batch["response_ids"]) if old else None
             ref = (gather_logprobs(self._response_logits(self.ref_model, batch), batch["response_ids"])
                    if self.ref_model is not None else None)
             for row, s in enumerate(chunk):
                 n = len(s["completion"])
-                s["old"] = old[row, :n].cpu()
+                s["old"] = olds[row, :n].cpu() if olds is not None else None
                 s["ref"] = ref[row, :n].cpu() if ref is not None else None
         self.module.train(was_training)
 
-    def _optimizer_step(self, share: list[dict], den: Denominators) -> dict[str, float]:
+    def _optimizer_step(self, share: list[dict], den: Denominators, old_is_current: bool = False) -> dict[str, float]:
         """One optimizer step over this rank's share of a mini-batch, with the mini-batch's global
         denominators `den`. Returns its part of the loss, the global grad norm, the lr, the tokens it
         trained and its token-summed diagnostics."""
@@ -247,13 +260,19 @@ class DeepSpeedUpdateEngine(UpdateEngine):
             self.engine.set_gradient_accumulation_boundary(i == len(chunks) - 1)
             logits = self._response_logits(self.engine, batch)
             logprobs = gather_logprobs(logits, batch["response_ids"])
+            if old_is_current:  # this step starts from the old policy: its own log-probs, detached, are the old ones
+                old = logprobs.detach()
+                for row, s in enumerate(chunk):
+                    s["old"] = old[row, : len(s["completion"])].cpu()
+            else:
+                old = batch["old"]
             if cfg.entropy_coef > 0:
                 entropy = token_entropy(logits)
             else:
                 with torch.no_grad():
                     entropy = token_entropy(logits.detach())
             loss, diag = ppo_clip_loss(
-                logprobs, batch["old"], batch["advantages"], mask, cfg, entropy=entropy, ref_logprobs=batch["ref"],
+                logprobs, old, batch["advantages"], mask, cfg, entropy=entropy, ref_logprobs=batch["ref"],
                 behaviour_logprobs=batch["behaviour"], num_tokens=den.num_tokens, num_seqs=den.num_seqs,
                 max_len=den.max_len,
             )

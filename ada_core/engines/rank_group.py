@@ -54,8 +54,8 @@ import torch
 
 from ada_core.engines.rank_worker import NODE_PIN, RankWorker, driver_node_ip, placement
 from ada_core.engines.rendezvous import RENDEZVOUS_ENV
-from ada_core.engines.update_plan import (balance_by_tokens, flatten, local_steps, plan_update, update_metrics,
-                                          zero_metrics)
+from ada_core.engines.update_plan import (balance_by_tokens, flatten, local_steps, old_is_current, plan_update,
+                                          update_metrics, zero_metrics)
 from ada_core.engines.lifeline import Lifeline, descendants
 from ada_core.engines.ray_cluster import start_ray
 from ada_core.engines.update_state import STATE_FILE, check_world_size, load_state, save_state
@@ -243,22 +243,37 @@ class RankGroup(UpdateEngine):
         costs = [sum(len(seqs[i]["prompt"]) + len(seqs[i]["completion"]) for i in m) for m in members]
         shares = balance_by_tokens(members, costs, self.num_ranks)
         busy = [r for r in range(self.num_ranks) if shares[r]]
-        answers = self._gather([self._actors[r].recompute.remote([seqs[i] for i in shares[r]]) for r in busy],
-                               "old log-prob recompute", ranks=busy)
-        recompute_s = [0.0] * self.num_ranks
-        for r, (values, seconds) in zip(busy, answers):
-            recompute_s[r] = seconds
-            for i, (old, ref) in zip(shares[r], values):
-                seqs[i]["old"], seqs[i]["ref"] = old, ref
+        # The plan draws the shuffle before any forward, as the one-rank engine does; it reads no log-prob.
         plan = plan_update(seqs, len(groups), self._shuffle, self.optim_cfg, self.loss_cfg,
                            world_size=self.num_ranks, max_response_len=self.max_response_len)
-        trained = self._gather([a.train_steps.remote(local_steps(seqs, plan, r)) for r, a in enumerate(self._actors)],
-                               "update")
+        current = old_is_current(plan)
+        recompute_s = [0.0] * self.num_ranks
+        if current:  # one optimizer step: its own forward gives the old log-probs; only the reference runs here
+            if self._reference_dir is not None:
+                answers = self._gather([self._actors[r].recompute_reference.remote([seqs[i] for i in shares[r]])
+                                        for r in busy], "reference log-prob recompute", ranks=busy)
+                for r, (values, seconds) in zip(busy, answers):
+                    recompute_s[r] = seconds
+                    for i, ref in zip(shares[r], values):
+                        seqs[i]["ref"] = ref
+        else:
+            answers = self._gather([self._actors[r].recompute.remote([seqs[i] for i in shares[r]]) for r in busy],
+                                   "old log-prob recompute", ranks=busy)
+            for r, (values, seconds) in zip(busy, answers):
+                recompute_s[r] = seconds
+                for i, (old, ref) in zip(shares[r], values):
+                    seqs[i]["old"], seqs[i]["ref"] = old, ref
+        trained = self._gather([a.train_steps.remote(local_steps(seqs, plan, r), old_is_current=current)
+                                for r, a in enumerate(self._actors)], "update")
+        if current:
+            for r, answer in enumerate(trained):
+                for i, old in zip(plan[0].shares[r], answer[2]):
+                    seqs[i]["old"] = old
         self._steps += len(plan)
         self._version += 1
-        return update_metrics(seqs, [results for results, _ in trained],
+        return update_metrics(seqs, [answer[0] for answer in trained],
                               [{"recompute_s": recompute_s[r], "optimize_s": trained[r][1]} for r in range(self.num_ranks)],
-                              world_size=self.num_ranks, tis=tis)
+                              world_size=self.num_ranks, tis=tis, old_recomputed=not current)
 
     def save(self, directory: str | Path) -> Path:
         """Every rank's optimizer state (`rank_<r>/`), and the driver's shuffle RNG and step count."""

@@ -88,8 +88,19 @@ class RankWorker:
         self.engine.recompute(seqs)
         return [(s["old"], s["ref"]) for s in seqs], time.perf_counter() - start
 
-    def train_steps(self, steps) -> tuple[list[dict[str, float]], float]:
-        return self.engine.train_steps(steps)
+    def recompute_reference(self, seqs: list[dict]) -> tuple[list[torch.Tensor | None], float]:
+        """An update of one optimizer step: only the frozen reference's log-probs (none without a KL term)."""
+        start = time.perf_counter()
+        self.engine.recompute(seqs, old=False)
+        return [s["ref"] for s in seqs], time.perf_counter() - start
+
+    def train_steps(self, steps, old_is_current: bool = False):
+        """(results, seconds), and with `old_is_current` the old log-probs the one step's forward gave each
+        sequence of this rank's share, in share order (the driver's off-policy metrics read them)."""
+        results, seconds = self.engine.train_steps(steps, old_is_current=old_is_current)
+        if not old_is_current:
+            return results, seconds
+        return results, seconds, [s["old"] for s in steps[0][0] if s.get("keep", True)]
 
     def generate(self, requests: list[tuple[Prompt, int]], sampling: SamplingParams, offset: int) -> list[list[Sample]]:
         return self.rollout.generate(requests, sampling, request_offset=offset)

@@ -121,6 +121,14 @@ def plan_update(seqs: list[dict], num_groups: int, generator: torch.Generator, o
     return plan
 
 
+def old_is_current(plan: list[PlannedStep]) -> bool:
+    """True when the update is ONE optimizer step (one PPO epoch of one mini-batch, the testbed's and most
+    GRPO recipes'): that step starts from the weights the old log-probs would be recomputed on, so its own
+    forward, detached, IS the old policy's and the ratio is exactly 1 (verl's on-policy path does the same).
+    The engines then skip the separate no-grad forward (the frozen reference's, with a KL term, still runs)."""
+    return len(plan) == 1
+
+
 def local_steps(seqs: list[dict], plan: list[PlannedStep], rank: int) -> list[tuple[list[dict], Denominators]]:
     """Rank `rank`'s sequences and denominators for each planned step. An empty share becomes one
     zero-weight copy of the step's pad sequence, so the rank still joins the gradient reduction."""
@@ -157,7 +165,7 @@ def split_evenly(items: list[int], parts: int) -> list[list[int]]:
 
 
 def update_metrics(seqs: list[dict], rank_results: list[list[dict[str, float]]], rank_seconds: list[dict[str, float]],
-                   world_size: int, tis: bool) -> dict[str, float]:
+                   world_size: int, tis: bool, old_recomputed: bool = True) -> dict[str, float]:
     """Reduce every rank's per-step results to the update's metrics.
 
     rank_results[r][s] holds rank r's `loss` (its share's part of the global loss), `grad_norm` and
@@ -180,6 +188,7 @@ def update_metrics(seqs: list[dict], rank_results: list[list[dict[str, float]]],
         K.TRAIN_KL_REF: diag["kl_ref"] / max(tokens, 1.0),
         **off_policy_stats(seqs),
         K.UPDATE_OPTIMIZER_STEPS: float(steps),
+        K.UPDATE_OLD_RECOMPUTED: 1.0 if old_recomputed else 0.0,
         K.UPDATE_RECOMPUTE_S: max(t["recompute_s"] for t in rank_seconds),
         K.UPDATE_OPTIMIZE_S: max(t["optimize_s"] for t in rank_seconds),
         K.DIST_WORLD_SIZE: float(world_size),
@@ -209,7 +218,7 @@ def zero_metrics(lr: float, tis: bool, world_size: int) -> dict[str, float]:
     """An update with nothing to train on; the importance ratios are reported as 1 (no mismatch seen)."""
     keys = (K.TRAIN_LOSS, K.TRAIN_ENTROPY, K.TRAIN_CLIP_FRAC, K.TRAIN_APPROX_KL, K.TRAIN_GRAD_NORM,
             K.TRAIN_KL_REF, K.UPDATE_OLD_LOGPROB_GAP_MEAN, K.UPDATE_OLD_LOGPROB_GAP_MAX, K.UPDATE_OPTIMIZER_STEPS,
-            K.UPDATE_RECOMPUTE_S, K.UPDATE_OPTIMIZE_S, K.DIST_RANK_UPDATE_MAX_S,
+            K.UPDATE_RECOMPUTE_S, K.UPDATE_OPTIMIZE_S, K.UPDATE_OLD_RECOMPUTED, K.DIST_RANK_UPDATE_MAX_S,
             K.DIST_RANK_UPDATE_MIN_S) + ((K.UPDATE_TIS_CLIP_FRAC,) if tis else ())
     return {**dict.fromkeys(keys, 0.0), K.UPDATE_IS_RATIO_MEAN: 1.0, K.UPDATE_IS_RATIO_MAX: 1.0, K.TRAIN_LR: lr,
             K.DIST_WORLD_SIZE: float(world_size)}

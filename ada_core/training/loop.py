@@ -199,9 +199,10 @@ def step_metrics(state: RunState, batch: RolloutBatch, update: dict[str, float],
     feature the run leaves off (`metrics_off`) are dropped."""
     out = dict(batch.metrics)
     out.update(update)
-    # One no-grad forward over the trained tokens for the old log-probs, and one more through the
-    # frozen reference policy when the KL term is on.
-    passes = 2 if state.config.loss.kl_coef > 0 else 1
+    # One no-grad forward over the trained tokens for the old log-probs (none when the update was one optimizer
+    # step, whose own forward gave them: update/old_recomputed 0), and one more through the frozen reference
+    # policy when the KL term is on.
+    passes = out.get(K.UPDATE_OLD_RECOMPUTED, 1.0) + (1 if state.config.loss.kl_coef > 0 else 0)
     out[K.BUDGET_LOGPROB_TOKENS] = passes * out.get(K.BUDGET_TRAINED_TOKENS, 0.0)
     for per_step, cum in CUMULATIVE.items():
         state.totals[cum] += out.get(per_step, 0.0)
@@ -260,6 +261,8 @@ def run_steps(state: RunState, steps: StepFunctions = DEFAULT_STEPS, callbacks: 
             if state.ledger is not None:  # queued here, written by the ledger's thread
                 state.ledger.record(state.step, batch.pools, {g.prompt.id for g in batch.groups})
             last = step_metrics(state, batch, update, step_s)
+            if state.setup_s is not None:  # once, on the first step this process ran
+                last[K.TIME_SETUP_S], state.setup_s = state.setup_s, None
             files.append_jsonl(metrics_path, {"step": state.step, **last})
             if callbacks.on_step:
                 callbacks.on_step(state.step, last)
@@ -287,7 +290,9 @@ def run_steps(state: RunState, steps: StepFunctions = DEFAULT_STEPS, callbacks: 
 
 
 def _run_eval(state: RunState, feed, callbacks: Callbacks, metrics_path: Path) -> dict[str, float]:
+    start = time.perf_counter()
     result = feed.evaluate()
+    result[K.TIME_EVAL_S] = time.perf_counter() - start
     files.append_jsonl(metrics_path, {"step": state.step, **result})
     if callbacks.on_eval:
         callbacks.on_eval(state.step, result, files.read_generations(state.output_dir, state.step))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -78,6 +79,7 @@ class RunState:
     """Built once by `setup`: the budgeted sampler keeps per-prompt history across steps (saved in checkpoints)."""
     ledger: Ledger | None = None
     suite: list[tuple[Any, list[Prompt]]] = field(default_factory=list)
+    setup_s: float | None = None  # `setup`'s wall time, until the first step's row logs it (time/setup_s)
     """`config.eval_suite`'s benchmarks with their encoded prompts (ada_core/data/suites.py); empty without one."""
     lock: RunLock | None = None
     """This process's lock on `output_dir` (ada_core/run/folder.py), released last by `close`."""
@@ -131,6 +133,7 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
     checkpoint's cursor was saved over. Bad input (dataset, config, resume, prompts per step) raises an
     `InputError` before the folder is claimed, so nothing is written or moved.
     """
+    began = time.perf_counter()
     output_dir = Path(output_dir)
     choice = latest_good_checkpoint(Path(resume)) if resume else None
     checkpoint = choice.path if choice is not None else None
@@ -212,6 +215,7 @@ def setup(config: TrainConfig, output_dir: str | Path, resume: str | Path | None
         if checkpoint is not None:
             _restore(state, checkpoint)
         state.ledger = _start_ledger(config, output_dir, checkpoint, step)
+        state.setup_s = time.perf_counter() - began
     except BaseException:
         state.close()  # a launched vLLM server must not outlive a failed set-up
         raise

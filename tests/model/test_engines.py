@@ -224,17 +224,52 @@ def test_updates_give_finite_metrics_and_change_the_shared_weights(make_updater,
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
-def test_first_minibatch_ratio_is_one(make_updater, tiny, prompts, temperature):
+@pytest.mark.parametrize("mini_batches", [1, 2])
+def test_first_minibatch_ratio_is_one(make_updater, tiny, prompts, temperature, mini_batches):
     _, tokenizer = tiny
-    updater = make_updater(mini_batches=1, temperature=temperature)
+    updater = make_updater(mini_batches=mini_batches, temperature=temperature)
     metrics = updater.update(_groups(updater, tokenizer, prompts, seed=11, temperature=temperature))
-    # The recompute takes log-probs at the sampling temperature, as the engine reports them.
+    # Old log-probs at the sampling temperature, as the engine reports them: recomputed (two optimizer steps)
+    # or the one step's own (one).
+    assert metrics[K.UPDATE_OLD_RECOMPUTED] == (1.0 if mini_batches > 1 else 0.0)
     assert metrics[K.UPDATE_OLD_LOGPROB_GAP_MEAN] < 1e-4
     assert metrics[K.UPDATE_OLD_LOGPROB_GAP_MAX] < 1e-4
     assert metrics[K.UPDATE_IS_RATIO_MEAN] == pytest.approx(1.0, abs=1e-4)
     assert metrics[K.UPDATE_IS_RATIO_MAX] == pytest.approx(1.0, abs=1e-4)
-    assert metrics[K.TRAIN_APPROX_KL] < 1e-9
-    assert metrics[K.TRAIN_CLIP_FRAC] == 0.0
+    if mini_batches == 1:
+        assert metrics[K.TRAIN_APPROX_KL] == 0.0 and metrics[K.TRAIN_CLIP_FRAC] == 0.0
+    else:  # the second step's policy moved: its ratios leave 1
+        assert metrics[K.TRAIN_APPROX_KL] > 0.0
+
+
+def test_one_optimizer_step_takes_the_gradient_of_the_recomputed_old_policy(make_updater, tiny, prompts):
+    """An update of one optimizer step skips the no-grad forward for the old log-probs (its own, detached, are
+    the old policy's): the gradient it steps on is the one the recomputed old log-probs give."""
+    from ada_core.engines.update_plan import flatten, local_steps, plan_update
+
+    _, tokenizer = tiny
+    skip, recompute = make_updater(micro_batch_size=5), make_updater(micro_batch_size=5)
+    grads = {}
+    for name, updater in (("skip", skip), ("recompute", recompute)):
+        updater.optimizer.register_step_pre_hook(
+            lambda opt, args, kwargs, name=name: grads.__setitem__(
+                name, [p.grad.clone() for g in opt.param_groups for p in g["params"]]))
+    groups = _groups(skip, tokenizer, prompts, seed=41)
+    metrics = skip.update(groups)
+    assert metrics[K.UPDATE_OLD_RECOMPUTED] == 0.0
+
+    seqs = flatten(groups)  # the path an update of several steps takes, on the same one-step plan
+    plan = plan_update(seqs, len(groups), recompute._shuffle, recompute.optim_cfg, recompute.loss_cfg, world_size=1,
+                       max_response_len=recompute.max_response_len)
+    assert len(plan) == 1
+    recompute.recompute(seqs)
+    assert all(s["old"] is not None for s in seqs)
+    recompute.train_steps(local_steps(seqs, plan, rank=0))
+    assert len(grads["skip"]) == len(grads["recompute"]) > 0
+    for a, b in zip(grads["skip"], grads["recompute"]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+    with pytest.raises(ValueError, match="old_is_current needs an update of one optimizer step, not 2"):
+        skip.train_steps(local_steps(seqs, plan, rank=0) * 2, old_is_current=True)
 
 
 def test_positive_advantage_raises_logprob_of_those_completions(make_updater, tiny, prompts):

@@ -58,6 +58,10 @@ def test_a_few_steps_train_for_real(preset, tmp_path):
     evals = [r for r in rows if K.EVAL_AVG_AT_K in r]
     assert [r["step"] for r in evals] == [0, 2, 3]
     assert all(0.0 <= r[K.EVAL_AVG_AT_K] <= r[K.EVAL_PASS_AT_K] <= 1.0 for r in evals)
+    # The time split: each evaluation's seconds on its row, the set-up's once, on the first step's row.
+    assert all(r[K.TIME_EVAL_S] > 0 for r in evals) and not any(K.TIME_EVAL_S in r for r in step_rows)
+    assert [r["step"] for r in rows if K.TIME_SETUP_S in r] == [1] and step_rows[0][K.TIME_SETUP_S] > 0
+    assert step_rows[-1][K.TIME_ELAPSED_S] == pytest.approx(sum(r[K.TIME_STEP_S] for r in step_rows))
     generations = (tmp_path / preset / "generations.jsonl").read_text().splitlines()
     assert generations and {"prompt", "completion", "reward"} <= set(json.loads(generations[0]))
     if preset == "ada-balance":
@@ -133,9 +137,13 @@ def test_kl_coef_builds_the_reference_and_changes_the_update(kl_runs):
     # step 2 trains weights that moved.
     assert kl[1] < 1e-9 < kl[2], kl
     assert all(r[K.TRAIN_KL_REF] == 0.0 for r in read_metrics(root / "off") if K.TRAIN_KL_REF in r)
-    for name, passes in (("off", 1), ("on", 2)):  # the reference's forward is compute the budget counts
+    # The reference's forward is compute the budget counts; the old policy's is not run (the tiny profile's
+    # update is one optimizer step, whose own forward gives the old log-probs).
+    for name, passes in (("off", 0), ("on", 1)):
         rows = [r for r in read_metrics(root / name) if K.TRAIN_LOSS in r]
-        assert all(r[K.BUDGET_LOGPROB_TOKENS] == passes * r[K.BUDGET_TRAINED_TOKENS] > 0 for r in rows), name
+        assert rows and all(r[K.UPDATE_OLD_RECOMPUTED] == 0.0 for r in rows), name
+        assert all(r[K.BUDGET_LOGPROB_TOKENS] == passes * r[K.BUDGET_TRAINED_TOKENS] for r in rows), name
+    assert all(r[K.BUDGET_TRAINED_TOKENS] > 0 for r in read_metrics(root / "on") if K.TRAIN_LOSS in r)
     assert any(not torch.equal(final_on[k], final_off[k]) for k in final_on), "kl_coef changed no weight"
     assert (root / "on" / "reference" / "COMPLETE").is_file() and not (root / "off" / "reference").exists()
 
