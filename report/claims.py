@@ -33,7 +33,9 @@ from report.paper_tables import matched_rows
 from report.pools import PoolRuns, read_pools
 
 PAPER_NAMES = {"grpo": "GRPO n = 4", "grpo-n8": "GRPO n = 8", "grpo-n16": "GRPO n = 16", "dapo": "DAPO",
-               "ada-pos": "Seq-pos", "ada-balance": "Seq-balance", "ada-est": "Est"}
+               "ada-pos": "Seq-pos", "ada-balance": "Seq-balance", "ada-est": "Est",
+               # the research samplers (ada_core/sampling/research.py): ordered where their runs are read
+               "knapsack": "Knapsack", "pilot": "Pilot", "greso": "GRESO", "ada-v3w": "v3-weighted Seq-balance"}
 
 
 def name(method: str) -> str:
