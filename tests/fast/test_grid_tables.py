@@ -1,5 +1,6 @@
 """benchmarks/grid_time.py and benchmarks/signal_table.py: a grid's time by phase and each method's signal per step,
-read from a run's metrics rows; a folder that is not an ADA_HOME is refused in one line, exit 2."""
+read from a run's metrics rows; a folder that is not an ADA_HOME (eval_k_variance.py: not a run) is refused in one
+line, exit 2."""
 
 from __future__ import annotations
 
@@ -59,3 +60,9 @@ def test_a_folder_that_is_not_there_is_refused_in_one_line(script, tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), str(tmp_path / "nope")],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.strip() == f"{script}: {tmp_path / 'nope'}: no such ADA_HOME folder"
+
+
+def test_eval_k_variance_refuses_a_folder_that_is_not_a_run(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "eval_k_variance.py"), str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and out.stderr.strip() == f"eval_k_variance: {tmp_path}: not a run folder (no config.yaml)"
