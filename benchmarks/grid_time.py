@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from ada_core import metrics as K  # noqa: E402
 from ada_core.run.files import read_metrics  # noqa: E402
+from benchmarks.lane_runs import finished_runs, missing_home  # noqa: E402
 
 PHASES = ["set-up", "generation", "reward", "update", "  of it: old/ref log-prob recompute", "rest of steps",
           "evaluation", "outside (logging, checkpoint, flow)"]
@@ -56,24 +57,15 @@ def run_split(rows: list[dict[str, float]], wall_s: float) -> dict[str, float] |
 
 def collect(homes: list[Path]) -> tuple[list[tuple[str, dict[str, float]]], int]:
     """(method label, split) of every finished run with the metrics, and how many runs lacked them."""
-    from mlflow import MlflowClient
-
-    from flows.tracking.store import default_tracking_uri
-
     found, skipped = [], 0
-    for home in homes:
-        client = MlflowClient(default_tracking_uri(home))
-        for experiment in client.search_experiments():
-            for run in client.search_runs([experiment.experiment_id], "attributes.status = 'FINISHED'"):
-                run_dir = run.data.params.get("run_dir")
-                if not run_dir or not (Path(run_dir) / "metrics.jsonl").is_file() or run.info.end_time is None:
-                    continue
-                split = run_split(read_metrics(run_dir), (run.info.end_time - run.info.start_time) / 1000)
-                if split is None:
-                    skipped += 1
-                    continue
-                label = run.data.tags.get("ada.variant") or run.data.params.get("preset") or run.info.run_name
-                found.append((label, split))
+    for _, label, run, run_dir in finished_runs(homes):
+        if run.info.end_time is None:
+            continue
+        split = run_split(read_metrics(run_dir), (run.info.end_time - run.info.start_time) / 1000)
+        if split is None:
+            skipped += 1
+            continue
+        found.append((label, split))
     return found, skipped
 
 
@@ -93,10 +85,8 @@ def main() -> int:
     parser.add_argument("--by", choices=["method"], default=None, help="one table per method label too")
     parser.add_argument("--markdown", type=Path, default=None, help="write the tables there as well")
     args = parser.parse_args()
-    for home in args.homes:
-        if not home.is_dir():
-            print(f"grid_time: {home}: no such ADA_HOME folder", file=sys.stderr)
-            return 2
+    if missing_home("grid_time", args.homes):
+        return 2
     found, skipped = collect(args.homes)
     if not found:
         print(f"grid_time: no finished run with time/setup_s and time/eval_s under {', '.join(map(str, args.homes))}"

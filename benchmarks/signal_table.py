@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from ada_core import metrics as K  # noqa: E402
 from ada_core.run.files import read_metrics  # noqa: E402
+from benchmarks.lane_runs import finished_runs, missing_home  # noqa: E402
 
 COLUMNS = [
     ("samples/step", K.BUDGET_GENERATED_SAMPLES),
@@ -56,21 +57,9 @@ def run_signal(rows: list[dict[str, float]]) -> dict[str, float]:
 
 
 def collect(homes: list[Path]) -> dict[tuple[str, str], list[dict[str, float]]]:
-    from mlflow import MlflowClient
-
-    from flows.tracking.store import default_tracking_uri
-
     found: dict[tuple[str, str], list[dict[str, float]]] = defaultdict(list)
-    for home in homes:
-        client = MlflowClient(default_tracking_uri(home))
-        for experiment in client.search_experiments():
-            for run in client.search_runs([experiment.experiment_id], "attributes.status = 'FINISHED'"):
-                run_dir = run.data.params.get("run_dir")
-                if not run_dir or not (Path(run_dir) / "metrics.jsonl").is_file():
-                    continue
-                label = run.data.tags.get("ada.variant") or run.data.params.get("preset") or run.info.run_name
-                pool = experiment.name
-                found[(pool, label)].append(run_signal(read_metrics(run_dir)))
+    for experiment, label, _, run_dir in finished_runs(homes):
+        found[(experiment, label)].append(run_signal(read_metrics(run_dir)))
     return found
 
 
@@ -80,10 +69,8 @@ def main() -> int:
     parser.add_argument("--methods", nargs="+", default=None, help="only these method labels, in this order")
     parser.add_argument("--markdown", type=Path, default=None, help="write the table there as well")
     args = parser.parse_args()
-    for home in args.homes:
-        if not home.is_dir():
-            print(f"signal_table: {home}: no such ADA_HOME folder", file=sys.stderr)
-            return 2
+    if missing_home("signal_table", args.homes):
+        return 2
     found = collect(args.homes)
     if args.methods:
         rank = {m: i for i, m in enumerate(args.methods)}

@@ -178,6 +178,18 @@ def make_updater(tiny):
     return make
 
 
+def stepped_gradients(**updaters) -> dict[str, list[torch.Tensor]]:
+    """name -> the gradient each named updater's optimizer steps on (after accumulation and clipping), filled at
+    its next step. Weights after one Adam step would amplify float noise on near-zero gradients, since Adam's
+    first step is ~lr*sign(g)."""
+    grads: dict[str, list[torch.Tensor]] = {}
+    for name, updater in updaters.items():
+        updater.optimizer.register_step_pre_hook(
+            lambda opt, args, kwargs, name=name: grads.__setitem__(
+                name, [p.grad.clone() for g in opt.param_groups for p in g["params"]]))
+    return grads
+
+
 def _groups(updater, tokenizer, prompts, seed, advantages=(1.0, -1.0, 0.5, -0.5), temperature=1.0):
     rollout = TransformersRolloutEngine(updater.module, tokenizer)
     sampling = SamplingParams(temperature, max_tokens=6, seed=seed)
@@ -249,11 +261,7 @@ def test_one_optimizer_step_takes_the_gradient_of_the_recomputed_old_policy(make
 
     _, tokenizer = tiny
     skip, recompute = make_updater(micro_batch_size=5), make_updater(micro_batch_size=5)
-    grads = {}
-    for name, updater in (("skip", skip), ("recompute", recompute)):
-        updater.optimizer.register_step_pre_hook(
-            lambda opt, args, kwargs, name=name: grads.__setitem__(
-                name, [p.grad.clone() for g in opt.param_groups for p in g["params"]]))
+    grads = stepped_gradients(skip=skip, recompute=recompute)
     groups = _groups(skip, tokenizer, prompts, seed=41)
     metrics = skip.update(groups)
     assert metrics[K.UPDATE_OLD_RECOMPUTED] == 0.0
@@ -284,13 +292,7 @@ def test_positive_advantage_raises_logprob_of_those_completions(make_updater, ti
 def test_gradient_accumulation_matches_one_big_micro_batch(make_updater, tiny, prompts):
     _, tokenizer = tiny
     big, small = make_updater(micro_batch_size=64), make_updater(micro_batch_size=5)
-    grads = {}
-    for name, updater in (("big", big), ("small", small)):
-        # The gradient the optimizer sees (after accumulation and clipping). Weights after one Adam
-        # step would amplify float noise on near-zero gradients, since Adam's first step is ~lr*sign(g).
-        updater.optimizer.register_step_pre_hook(
-            lambda opt, args, kwargs, name=name: grads.__setitem__(
-                name, [p.grad.clone() for g in opt.param_groups for p in g["params"]]))
+    grads = stepped_gradients(big=big, small=small)
     groups = _groups(big, tokenizer, prompts, seed=31)
     m_big, m_small = big.update(groups), small.update(groups)
     assert m_small[K.TRAIN_LOSS] == pytest.approx(m_big[K.TRAIN_LOSS], abs=1e-5)
