@@ -313,7 +313,7 @@ def test_each_is_a_preset_of_the_testbed_and_a_row_of_ada_simulate():
     ("greso", "skip_above", 0.8, 0.5),
     ("greso", "explore_prob", 0.1, 1.0),
     ("greso", "explore_after", 3, 1),
-    ("greso", "forget", 0.9, 0.3),
+    ("greso", "forget", 1.0, 0.3),
     ("greso", "max_draw", 4.0, 1.0),
     ("ada_v3w", "exit_rule", "balance", "pos"),
     ("ada_v3w", "M", 8, 4),
