@@ -142,6 +142,72 @@ def test_compare_form_shows_what_an_unedited_run_does(ui_stack, browser, prefect
     assert "<flow>/<deployment>" in text  # in backticks: markdown would take a bare <flow> for a tag
 
 
+def test_the_compare_form_submitted_twice_creates_a_run_each_time(ui_stack, browser, prefect_api):
+    """A walk of the UI once saw a submission hang on "Oops. Something went wrong" with no run created: Prefect's
+    server on SQLite answers a write 503 when SQLite refuses it ("database is locked", a deferred transaction
+    that read before another connection wrote), and the UI, unlike Prefect's client, does not retry.
+    infra/prefect_server.py replays the Run button's request. Here another caller writes all along (variables
+    made and deleted over plain HTTP) while the form is submitted twice: each click leaves the form within the
+    bound, no error page, one new run each with the unedited form's parameters (`overrides` an object, not
+    Prefect's JSON wrapper). The compare queue is paused meanwhile, so the runs wait; they are deleted after."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    home, state = ui_stack
+    with prefect_api(f"{state['prefect_url']}/api"), get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("compare/compare")
+        queue = client.read_work_queue_by_name(deployment.work_queue_name, work_pool_name=deployment.work_pool_name)
+        only_compare = DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
+        before = {run.id for run in client.read_flow_runs(deployment_filter=only_compare)}
+        client.update_work_queue(queue.id, is_paused=True)
+        answers, stop = [], threading.Event()
+        writer = threading.Thread(target=_write_until, args=(f"{state['prefect_url']}/api", stop, answers), daemon=True)
+        writer.start()
+        first = browser.current_window_handle
+        browser.switch_to.new_window("tab")
+        created: list = []
+        try:
+            for attempt in range(2):
+                form = f"{state['prefect_url']}/deployments/deployment/{deployment.id}/run"
+                browser.get(form)
+                _wait_for_text(browser, lambda t: "Matched Grpo" in t)
+                submit = next(b for b in browser.find_elements("tag name", "button") if b.text.strip() == "Submit")
+                submit.click()
+                text = _wait_for_text(browser, lambda t: browser.current_url != form or "went wrong" in t, timeout_s=30)
+                assert "went wrong" not in text and "Oops" not in text, (attempt, text[:1000])
+                runs = client.read_flow_runs(deployment_filter=only_compare)
+                created = [run for run in runs if run.id not in before]
+                assert len(created) == attempt + 1, (attempt, [run.name for run in created])
+        finally:
+            stop.set()
+            writer.join(30)
+            browser.close()
+            browser.switch_to.window(first)
+            client.update_work_queue(queue.id, is_paused=False)
+            for run in created:
+                client.delete_flow_run(run.id)
+    for run in created:
+        assert run.state.is_scheduled(), run.state
+        assert run.parameters["params"]["overrides"] == {}, run.parameters
+        assert run.parameters["params"]["variants"] == ["grpo", "ada-balance"], run.parameters
+    assert answers, "the other caller wrote nothing"
+
+
+def _write_until(api: str, stop: threading.Event, answers: list[int]) -> None:
+    """Another caller of the API that does not retry (plain httpx): a variable made and deleted, again and again."""
+    import httpx
+
+    with httpx.Client(base_url=api, timeout=30) as http:
+        for i in range(100_000):
+            if stop.is_set():
+                return
+            made = http.post("/variables/", json={"name": f"busy_{i}", "value": i})
+            answers.append(made.status_code)
+            if made.status_code < 400:
+                answers.append(http.delete(f"/variables/name/busy_{i}").status_code)
+            stop.wait(0.02)
+
+
 def test_ui_status_names_what_is_wrong(infra_ui, free_port):
     """A Prefect server whose UI calls another port, a dead MLflow and no worker: three PROBLEM lines."""
 
