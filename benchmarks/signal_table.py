@@ -56,10 +56,22 @@ def run_signal(rows: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
+def pool_of(params: dict[str, str], experiment: str) -> str:
+    """The testbed pool whose overrides a run's MLflow params carry (the most specific one: `revisit` over
+    `standard`, whose overrides are none), `<experiment>` where none matches: one grid's pools share its
+    experiment."""
+    from flows.paper_params import PAPER_GRIDS
+
+    pools = PAPER_GRIDS["testbed"]["pools"]
+    matches = [name for name, overrides in pools.items()
+               if all(params.get(key) == str(value) for key, value in overrides.items())]
+    return max(matches, key=lambda name: len(pools[name]), default=experiment)
+
+
 def collect(homes: list[Path]) -> dict[tuple[str, str], list[dict[str, float]]]:
     found: dict[tuple[str, str], list[dict[str, float]]] = defaultdict(list)
-    for experiment, label, _, run_dir in finished_runs(homes):
-        found[(experiment, label)].append(run_signal(read_metrics(run_dir)))
+    for experiment, label, run, run_dir in finished_runs(homes):
+        found[(pool_of(run.data.params, experiment), label)].append(run_signal(read_metrics(run_dir)))
     return found
 
 
@@ -81,7 +93,7 @@ def main() -> int:
         print("signal_table: no finished run found", file=sys.stderr)
         return 2
     names = [name for name, _ in COLUMNS] + ["final avg@k"]
-    lines = ["| experiment | method | runs | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 3)]
+    lines = ["| pool | method | runs | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 3)]
     for (pool, label), runs in sorted(found.items(), key=lambda kv: (kv[0][0], rank.get(kv[0][1], 99), kv[0][1])):
         cells = []
         for name in names:
