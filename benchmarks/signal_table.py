@@ -2,9 +2,9 @@
 
     .venv/bin/python benchmarks/signal_table.py HOME [HOME ...] [--methods grpo knapsack ...] [--markdown FILE]
 
-For every finished MLflow run with a `run_dir` under the ADA_HOMEs (a grid lane each), grouped by MLflow
-experiment (a grid's `--experiment`, one per pool) and method label, the mean over its seeds of the per-step means over
-steps 1-100 of:
+For every finished MLflow run with a `run_dir` under the ADA_HOMEs (a grid lane each), grouped by testbed pool
+(read from the run's params; its MLflow experiment where no pool matches) and method label, the mean over its seeds
+of the per-step means over steps 1-100 of:
 
 - samples a step (`budget/generated_samples`) and prompts drawn (`sampler/prompts_drawn`);
 - the effective ratio (`sampler/effective_ratio`: groups with a nonzero advantage per prompt drawn) and the
