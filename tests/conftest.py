@@ -126,6 +126,12 @@ def sampler_registry_restored():
 
     from ada_core.config import PRESETS, registry
 
+    from ada_core.config.presets import preset_names
+
+    # the state to restore has the research samplers and installed entry points loaded and their presets added (as
+    # any run has them after its first config): restoring a state from before their import would leave them
+    # unregistered for good (their module stays imported), and a test iterating PRESETS would see it grow
+    preset_names()
     samplers, loaded, presets, modules = dict(registry._SAMPLERS), set(registry._LOADED), dict(PRESETS), set(sys.modules)
     yield
     registry._SAMPLERS.clear()
