@@ -113,8 +113,8 @@ def prefect_server_env(home: Path, port: int, host: str = "127.0.0.1",
 def start_prefect_server(home: Path, port: int, log_dir: Path, host: str = "127.0.0.1",
                          creds: Credentials | None = None) -> tuple[subprocess.Popen, str]:
     env = prefect_server_env(home, port, host, creds)
-    # Prefect's server as `prefect server start` runs it, with an API write SQLite refused answered again
-    # inside it (infra/prefect_server.py says why: the UI's Run button does not retry a 503)
+    # Prefect's server as `prefect server start` runs it, with a Run that SQLite refused created again inside
+    # it (infra/prefect_server.py says why: the UI's Run button does not retry a 503)
     proc = spawn([str(BIN / "python"), "-u", str(Path(__file__).with_name("prefect_server.py")), "--host", host,
                   "--port", str(port)], env, log_dir / "prefect-server.log")
     url = f"http://{host}:{port}"
