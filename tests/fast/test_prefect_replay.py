@@ -105,3 +105,64 @@ def test_only_refused_runs_are_replayed(method, path, refusals, broken, status, 
     response = _call(_app(refusals=refusals, seen=seen, broken=broken, path=path), method=method, path=path)
     assert response.status_code == status
     assert len(seen) == passes
+
+
+def test_a_run_request_takes_the_write_lock_at_begin_where_another_request_is_refused(tmp_path):
+    """The fix itself, on Prefect's own SQLite configuration (its pragmas and BEGIN handling, a real WAL file): a
+    transaction that reads, sees another connection commit, then writes. On any other path Prefect begins it
+    DEFERRED and SQLite refuses the write at once ("database is locked", Prefect's 503); on the Run path it begins
+    IMMEDIATE, so the other connection's write waits for it and both rows land."""
+    import sqlite3
+    import threading
+
+    import sqlalchemy as sa
+    from prefect.server.database.configurations import AioSqliteConfiguration
+
+    assert prefect_server.immediate_runs() and prefect_server.immediate_runs()  # a second call patches nothing
+    db = tmp_path / "prefect.db"
+    with sqlite3.connect(db) as setup:
+        setup.execute("PRAGMA journal_mode = WAL")
+        setup.execute("CREATE TABLE runs (name TEXT)")
+    config = AioSqliteConfiguration(connection_url=f"sqlite+aiosqlite:///{db}", timeout=5)
+
+    def other_writer(name: str, settled: threading.Event) -> threading.Thread:
+        """Commits a row at once, or, where the write lock is held, says so and waits for it."""
+        def write():
+            try:
+                with sqlite3.connect(db, timeout=0) as other:
+                    other.execute("INSERT INTO runs VALUES (?)", (name,))
+                settled.set()
+            except sqlite3.OperationalError:  # locked: the request holds the write lock since its BEGIN
+                settled.set()
+                with sqlite3.connect(db, timeout=30) as other:
+                    other.execute("INSERT INTO runs VALUES (?)", (name,))
+
+        return threading.Thread(target=write)
+
+    async def create(request: Request) -> JSONResponse:
+        path = request.url.path
+        session = await config.session(await config.engine())
+        settled = threading.Event()
+        other = other_writer(f"other {path}", settled)
+        try:
+            async with config.begin_transaction(session):
+                await session.execute(sa.text("SELECT count(*) FROM runs"))
+                other.start()
+                await asyncio.to_thread(settled.wait, 30)  # committed (DEFERRED) or waiting for this one (IMMEDIATE)
+                await session.execute(sa.text("INSERT INTO runs VALUES (:name)"), {"name": path})
+        except sa.exc.OperationalError as error:
+            return JSONResponse({"refused": str(error.orig)}, status_code=503)
+        finally:
+            await session.close()
+        await asyncio.to_thread(other.join)
+        return JSONResponse({"created": path}, status_code=201)
+
+    other_path = RUN.replace("create_flow_run", "schedule")
+    app = Starlette(routes=[Route(RUN, create, methods=["POST"]), Route(other_path, create, methods=["POST"])])
+    refused = _call(app, path=other_path, tries=1)
+    created = _call(app, path=RUN, tries=1)
+    assert refused.status_code == 503 and "database is locked" in refused.json()["refused"]
+    assert created.status_code == 201, created.text
+    with sqlite3.connect(db) as check:
+        names = sorted(name for (name,) in check.execute("SELECT name FROM runs"))
+    assert names == sorted([f"other {other_path}", f"other {RUN}", RUN])
