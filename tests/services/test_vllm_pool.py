@@ -134,12 +134,32 @@ def test_an_async_streaming_run_goes_on_when_a_server_dies_mid_stream(pool, tmp_
     state = setup(config, tmp_path / "run")
     held = []
 
-    def kill_when_busy():  # the moment server 0 has samples in flight after step 1
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and state.rollout.members[0].meter.level == 0:
-            time.sleep(0.001)
-        held.append(state.rollout.members[0].meter.level)
-        support.kill_vllm_server(victim.process)
+    def kill_when_busy():
+        """Once server 0 has samples in flight after step 1, it is stopped (SIGSTOP: it can finish nothing more)
+        and its client left to read what was sent before; if samples are still held once the count stays put
+        for a second, the server is killed holding them, else let go on and watched again. (Killing at the
+        first sight of one in flight raced its last samples finishing: then there was nothing to re-send.)"""
+        import psutil
+
+        meter, deadline = state.rollout.members[0].meter, time.monotonic() + 120
+        server = psutil.Process(victim.process.pid).children(recursive=True)
+        while time.monotonic() < deadline:
+            if meter.level == 0:
+                time.sleep(0.001)
+                continue
+            for process in server:
+                process.suspend()
+            level, since = meter.level, time.monotonic()
+            while time.monotonic() - since < 1.0:
+                time.sleep(0.02)
+                if meter.level != level:
+                    level, since = meter.level, time.monotonic()
+            if level > 0:
+                held.append(level)
+                support.kill_vllm_server(victim.process)
+                return
+            for process in server:
+                process.resume()
 
     killer = threading.Thread(target=kill_when_busy, daemon=True)
     try:
