@@ -18,6 +18,11 @@ hash(sampling.seed, i, j), and tokens are drawn by inverse-CDF sampling. So the 
 same samples whatever the micro-batch size, and copy j of a request does not depend on k.
 A seed of None draws a fresh random base seed per call.
 
+Shared prompts: a micro-batch reads each distinct prompt once (its copies take that row's first logits and
+KV cache) and decodes every row from there. The copies' first forward was the same computation k times, so
+the samples are the same, bit for bit on the CPUs measured; it halves evaluation's time at k = 8
+(docs/benchmarks/testbed.md). `share_prompts=False` reads every row's prompt, as before.
+
 Why our own loop rather than `model.generate`: on CPU with a ~400K-parameter model the per-token
 Python overhead dominates, and `generate` adds logits processors, stopping criteria and score
 copies on every token (measured in docs/benchmarks/engines.md).
@@ -39,12 +44,13 @@ from ada_core.records import Prompt, Sample
 class TransformersRolloutEngine(RolloutEngine):
     """`RolloutEngine` over an HF causal LM (any `AutoModelForCausalLM` with a KV cache)."""
 
-    def __init__(self, model, tokenizer, micro_batch_size: int = 64):
+    def __init__(self, model, tokenizer, micro_batch_size: int = 64, share_prompts: bool = True):
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
         self.model = model
         self.tokenizer = tokenizer
         self.micro_batch_size = micro_batch_size
+        self.share_prompts = share_prompts  # one prompt forward per distinct prompt of a micro-batch, else per row
         self.eos_ids = _eos_ids(model, tokenizer)
         if not self.eos_ids:
             raise ValueError("the tokenizer and model config define no eos token; generation could never stop")
@@ -104,10 +110,20 @@ class TransformersRolloutEngine(RolloutEngine):
         ended = torch.zeros(batch, dtype=torch.bool, device=device)  # EOS or a stop string seen
         stop_cut: dict[int, int] = {}  # row -> char offset of the stop string in its text
         cache = _new_cache(self.model)
+        # The prompt is read once per distinct prompt of the micro-batch: its copies (a group's k samples) take
+        # that row's logits and cache, and differ from the first token on, by their own uniforms.
+        owner: dict[tuple[int, ...], int] = {}
+        rows = [owner.setdefault(tuple(p.prompt_ids), r) for r, p in enumerate(prompts)]
+        shared = self.share_prompts and len(owner) < batch
         step_input, step_pos = input_ids, positions
         for t in range(steps):
-            logits = self.model(input_ids=step_input, attention_mask=attention, position_ids=step_pos,
-                                use_cache=True, **self._step_kwargs, **{self._cache_kwarg: cache}).logits[:, -1, :]
+            if t == 0 and shared:
+                firsts = torch.tensor(sorted(owner.values()), device=device)
+                index = torch.searchsorted(firsts, torch.tensor(rows, device=device))  # row -> its prompt's row
+                logits = self._logits(input_ids[firsts], attention[firsts], positions[firsts], cache)[index]
+                cache.reorder_cache(index)
+            else:
+                logits = self._logits(step_input, attention, step_pos, cache)
             token, logprob = sample_tokens(logits, uniforms[:, t], sampling.temperature, sampling.top_p)
             token = torch.where(ended, torch.full_like(token, self.pad_id), token)
             tokens[:, t], logprobs[:, t] = token, logprob
@@ -137,6 +153,12 @@ class TransformersRolloutEngine(RolloutEngine):
             samples.append(Sample(prompt_id=prompt.id, completion_ids=ids, logprobs=logprobs[r, :n].tolist(),
                                   text=text, truncated=not bool(ended[r])))
         return samples
+
+
+    def _logits(self, input_ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+        """The next token's logits [B, V] of one decoding step (the prompt's at the first), extending `cache`."""
+        return self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
+                          **self._step_kwargs, **{self._cache_kwarg: cache}).logits[:, -1, :]
 
 
 def sample_tokens(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float, top_p: float):
