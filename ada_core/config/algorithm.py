@@ -314,6 +314,14 @@ class OptimConfig(_Strict):
     micro_batch_size: int = Field(
         16, ge=1, description="Sequences per forward/backward; gradients accumulate. Ours.", json_schema_extra=ALWAYS
     )
+    share_prompts: bool = Field(
+        True,
+        description="Read each distinct prompt of a micro-batch once in the update's forward, its copies (a "
+        "group's samples) taking that row's cache: the same loss, 1.6-1.8x faster on the testbed. The log-probs "
+        "agree with one read per row to ~1e-5, not bit for bit, so runs with and without it are not value for "
+        "value the same run (saved runs of both are not combined). Ours: on.",
+        json_schema_extra=ALWAYS,
+    )
     zero_stage: Literal[0, 1, 2] = Field(
         0, description="DeepSpeed ZeRO stage: 0, 1 or 2. Not 3: it partitions the parameters, and the in-process "
         "rollout engine, the weight sync and save_pretrained need whole ones. Ours: 0 on one CPU process.",

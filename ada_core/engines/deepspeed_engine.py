@@ -106,6 +106,7 @@ class DeepSpeedUpdateEngine(UpdateEngine):
             self.ref_model.to(device=self.engine.device, dtype=dtype).eval().requires_grad_(False)
         params = inspect.signature(self.module.forward).parameters
         self._keep_kwarg = "logits_to_keep" if "logits_to_keep" in params else None
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"  # as the rollout engine's
 
     @property
     def module(self):
@@ -290,12 +291,33 @@ class DeepSpeedUpdateEngine(UpdateEngine):
         return {"loss": total_loss, "grad_norm": grad_norm, "lr": lr, "tokens": tokens, **diag_sums}
 
     def _response_logits(self, model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Logits predicting each response token: [B, T, V]."""
+        """Logits predicting each response token: [B, T, V]. With `optim.share_prompts`, a micro-batch whose rows
+        repeat a prompt reads each distinct prompt once: its last position's logits (predicting response token
+        0) and its KV cache go to every row of that prompt, and one more forward reads the responses on that
+        cache. The gradient reaches the prompt's computation through the cache, summed over its copies."""
         width = batch["response_ids"].shape[1]
-        extra = {self._keep_kwarg: width + 1} if self._keep_kwarg else {}
-        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                    position_ids=batch["position_ids"], use_cache=False, **extra)
-        logits = out.logits[:, -(width + 1) : -1, :]
+        firsts, index = batch["prompt_firsts"], batch["prompt_index"]
+        if not self.optim_cfg.share_prompts or len(firsts) == len(index) or self._keep_kwarg is None:
+            extra = {self._keep_kwarg: width + 1} if self._keep_kwarg else {}
+            out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                        position_ids=batch["position_ids"], use_cache=False, **extra)
+            logits = out.logits[:, -(width + 1) : -1, :]
+        else:
+            from ada_core.engines.transformers_engine import _new_cache
+
+            prompt = batch["input_ids"].shape[1] - width
+            attention, positions = batch["attention_mask"], batch["position_ids"]
+            cache = _new_cache(self.module)
+            first = model(input_ids=batch["input_ids"][firsts, :prompt], attention_mask=attention[firsts, :prompt],
+                          position_ids=positions[firsts, :prompt], use_cache=True, **{self._cache_kwarg: cache},
+                          **{self._keep_kwarg: 1}).logits[index]
+            logits = first
+            if width > 1:
+                cache.reorder_cache(index)
+                rest = model(input_ids=batch["response_ids"][:, :-1], attention_mask=attention[:, : prompt + width - 1],
+                             position_ids=positions[:, prompt : prompt + width - 1], use_cache=True,
+                             **{self._cache_kwarg: cache}).logits
+                logits = torch.cat([first, rest], dim=1)
         return logits / self.temperature if self.temperature != 1.0 else logits
 
 
@@ -305,7 +327,9 @@ def collate(seqs: list[dict], pad_token_id: int, device: torch.device | str = "c
     Each seq has `prompt`, `completion` (lists of ids), `behaviour` [n], `advantage`, `truncated`, and
     optionally `old` / `ref` [n]. Returns input_ids / attention_mask / position_ids [B, P+T],
     response_ids / mask / old / ref / behaviour [B, T] (`ref` is None when absent), advantages [B],
-    truncated [B] bool, keep [B] (0.0 for a rank's zero-weight padding sequence, `"keep": False`).
+    truncated [B] bool, keep [B] (0.0 for a rank's zero-weight padding sequence, `"keep": False`), and
+    prompt_firsts [U] / prompt_index [B]: the first row of each of the U distinct prompts, and each row's place
+    among them (`_response_logits` reads a prompt once for its rows).
     """
     batch = len(seqs)
     width_p = max(len(s["prompt"]) for s in seqs)
@@ -324,6 +348,9 @@ def collate(seqs: list[dict], pad_token_id: int, device: torch.device | str = "c
             if s.get(key) is not None:
                 per_token[key][r, :c] = s[key]
     has_ref = all(s.get("ref") is not None for s in seqs)
+    owner: dict[tuple[int, ...], int] = {}
+    rows = [owner.setdefault(tuple(s["prompt"]), r) for r, s in enumerate(seqs)]
+    firsts = torch.tensor(sorted(owner.values()), dtype=torch.long)
     out = {
         "input_ids": input_ids,
         "attention_mask": attention,
@@ -336,6 +363,8 @@ def collate(seqs: list[dict], pad_token_id: int, device: torch.device | str = "c
         "advantages": torch.tensor([float(s["advantage"]) for s in seqs]),
         "truncated": torch.tensor([bool(s["truncated"]) for s in seqs]),
         "keep": torch.tensor([1.0 if s.get("keep", True) else 0.0 for s in seqs]),
+        "prompt_firsts": firsts,  # the first row of each distinct prompt
+        "prompt_index": torch.searchsorted(firsts, torch.tensor(rows, dtype=torch.long)),  # row -> its prompt's
     }
     return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in out.items()}
 

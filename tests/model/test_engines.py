@@ -320,6 +320,39 @@ def test_gradient_accumulation_matches_one_big_micro_batch(make_updater, tiny, p
     assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(grads["big"], grads["small"]))
 
 
+@pytest.mark.parametrize("temperature,kl", [(1.0, 0.0), (0.7, 0.1)])
+def test_a_prompt_read_once_for_its_copies_gives_the_update_of_one_read_per_row(make_updater, tiny, prompts,
+                                                                                 temperature, kl):
+    """`optim.share_prompts`: each micro-batch reads a prompt once and its rows decode on that cache. The loss,
+    the gradient and the reference's log-probs are those of one read per row, within float noise, with groups
+    split across micro-batches, prompts of several lengths and an update of two optimizer steps (old log-probs
+    recomputed). (Weights after the steps are not compared: Adam's first step, ~lr * sign(g), turns float noise
+    on a near-zero gradient into a full step.)"""
+    model, tokenizer = tiny
+    ref = copy.deepcopy(model) if kl else None
+    loss = LossConfig(kl_coef=kl)
+    shared = make_updater(loss=loss, ref_model=ref, temperature=temperature, micro_batch_size=6, mini_batches=2)
+    per_row = make_updater(loss=loss, ref_model=copy.deepcopy(ref) if kl else None, temperature=temperature,
+                           micro_batch_size=6, mini_batches=2, share_prompts=False)
+    grads = stepped_gradients(shared=shared, per_row=per_row)
+    read = {"shared": 0, "per_row": 0}  # token positions the policy's embedding was given
+    for name, updater in (("shared", shared), ("per_row", per_row)):
+        updater.module.get_input_embeddings().register_forward_pre_hook(
+            lambda _module, args, name=name: read.__setitem__(name, read[name] + args[0].numel()))
+    groups = _groups(shared, tokenizer, prompts, seed=51, temperature=temperature)
+    assert len({len(g.prompt.prompt_ids) for g in groups}) > 1
+    read.update(shared=0, per_row=0)
+    m_shared, m_row = shared.update(groups), per_row.update(groups)
+    assert 0 < read["shared"] < 0.8 * read["per_row"]  # the prompts were read once per micro-batch, not per row
+    assert m_shared[K.UPDATE_OLD_RECOMPUTED] == 1.0
+    for key in (K.TRAIN_LOSS, K.TRAIN_GRAD_NORM):
+        assert m_shared[key] == pytest.approx(m_row[key], rel=1e-4, abs=1e-6), key
+    assert len(grads["shared"]) == len(grads["per_row"]) > 0
+    for a, b in zip(grads["shared"], grads["per_row"]):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-6)
+    assert any(not torch.equal(v, model.state_dict()[k]) for k, v in shared.module.state_dict().items())  # stepped
+
+
 def test_zero_stage_2_matches_stage_0(make_updater, tiny, prompts):
     _, tokenizer = tiny
     stage0, stage2 = make_updater(micro_batch_size=8), make_updater(micro_batch_size=8, zero_stage=2)
