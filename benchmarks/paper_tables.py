@@ -67,6 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the profile grid's")
     parser.add_argument("--methods", nargs="+", default=PAPER_METHODS)
     parser.add_argument("--pools", nargs="+", default=POOLS, choices=POOLS)
+    parser.add_argument("--no-controls", action="store_true",
+                        help="leave out the adaptive methods' budget-matched GRPO controls (the grid of 7 methods)")
     parser.add_argument("--steps", type=int, default=None, help="training steps (default: the profile's)")
     parser.add_argument("--out", type=Path, default=Path("out/paper_tables"), help="folder for paper_tables.md")
     parser.add_argument("--experiment", default="paper-tables")
@@ -103,7 +105,8 @@ def grid(args: argparse.Namespace) -> dict:
     chosen = PAPER_GRIDS[args.profile]
     return {"profile": args.profile, "methods": args.methods, "seeds": args.seeds or chosen["seeds"],
             "steps": args.steps, "prompts_per_step": None, "overrides": chosen["overrides"],
-            "pools": {p: chosen["pools"][p] for p in args.pools}, "experiment": args.experiment}
+            "pools": {p: chosen["pools"][p] for p in args.pools}, "experiment": args.experiment,
+            "controls": not args.no_controls}
 
 
 def refuse(message: str) -> None:

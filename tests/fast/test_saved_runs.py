@@ -288,3 +288,14 @@ def test_save_runs_from_run_folders_reads_each_start_from_mlflow(bench, tmp_path
     assert err.count("\n") == 1 and err.startswith(f"paper_tables: refused: {group / 'grpo-s2'}: pool standard, grpo "
                                                     f"seed 2 has start_model_sha256 {'b' * 64}, but {group / 'grpo-s0'} ")
     assert not (other / "runs.jsonl").exists() and not (other / "out" / "paper_tables.md").exists()
+
+
+def test_the_grid_of_seven_methods_leaves_out_the_controls_only_when_asked(bench):
+    """`--no-controls` runs the 7 methods alone (the grid measured for speed, docs/benchmarks/testbed.md); by
+    default every adaptive method gets its budget-matched controls."""
+    from flows.params import PaperTablesParams
+
+    full = PaperTablesParams(**bench.grid(bench.parse_args(["--pools", "standard"])))
+    seven = PaperTablesParams(**bench.grid(bench.parse_args(["--pools", "standard", "--no-controls"])))
+    assert full.controls and not seven.controls
+    assert full.model_dump(exclude={"controls"}) == seven.model_dump(exclude={"controls"})
