@@ -18,10 +18,13 @@ hash(sampling.seed, i, j), and tokens are drawn by inverse-CDF sampling. So the 
 same samples whatever the micro-batch size, and copy j of a request does not depend on k.
 A seed of None draws a fresh random base seed per call.
 
-Shared prompts: a micro-batch reads each distinct prompt once (its copies take that row's first logits and
-KV cache) and decodes every row from there. The copies' first forward was the same computation k times, so
-the samples are the same, bit for bit on the CPUs measured; it halves evaluation's time at k = 8
-(docs/benchmarks/testbed.md). `share_prompts=False` reads every row's prompt, as before.
+Shared prefixes: a micro-batch computes each step once per distinct prefix (the prompt and the tokens drawn
+so far), not once per row. Copies of a prompt read it once, and while two copies have drawn the same tokens
+they are the same computation, so they share its logits and KV cache and part where their draws differ
+(each row still draws from its own uniforms); a finished row leaves the batch. The samples are the same as
+one computation per row, bit for bit on the CPUs measured; at the testbed's k = 8 and 2-4 token answers a
+step decodes about a quarter of the rows (docs/benchmarks/testbed.md). `share_prefixes=False` computes
+every row, as before.
 
 Why our own loop rather than `model.generate`: on CPU with a ~400K-parameter model the per-token
 Python overhead dominates, and `generate` adds logits processors, stopping criteria and score
@@ -44,13 +47,13 @@ from ada_core.records import Prompt, Sample
 class TransformersRolloutEngine(RolloutEngine):
     """`RolloutEngine` over an HF causal LM (any `AutoModelForCausalLM` with a KV cache)."""
 
-    def __init__(self, model, tokenizer, micro_batch_size: int = 64, share_prompts: bool = True):
+    def __init__(self, model, tokenizer, micro_batch_size: int = 64, share_prefixes: bool = True):
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
         self.model = model
         self.tokenizer = tokenizer
         self.micro_batch_size = micro_batch_size
-        self.share_prompts = share_prompts  # one prompt forward per distinct prompt of a micro-batch, else per row
+        self.share_prefixes = share_prefixes  # one forward per distinct prefix of a micro-batch, else per row
         self.eos_ids = _eos_ids(model, tokenizer)
         if not self.eos_ids:
             raise ValueError("the tokenizer and model config define no eos token; generation could never stop")
@@ -110,37 +113,48 @@ class TransformersRolloutEngine(RolloutEngine):
         ended = torch.zeros(batch, dtype=torch.bool, device=device)  # EOS or a stop string seen
         stop_cut: dict[int, int] = {}  # row -> char offset of the stop string in its text
         cache = _new_cache(self.model)
-        # The prompt is read once per distinct prompt of the micro-batch: its copies (a group's k samples) take
-        # that row's logits and cache, and differ from the first token on, by their own uniforms.
-        owner: dict[tuple[int, ...], int] = {}
-        rows = [owner.setdefault(tuple(p.prompt_ids), r) for r, p in enumerate(prompts)]
-        shared = self.share_prompts and len(owner) < batch
-        step_input, step_pos = input_ids, positions
+        # The nodes are the distinct prefixes of the rows still decoding: the cache holds one row per node and
+        # `node[r]` is row r's. At the start a node is a distinct prompt (every row, unshared).
+        if self.share_prefixes:
+            owner: dict[tuple[int, ...], int] = {}
+            rows = [owner.setdefault(tuple(p.prompt_ids), r) for r, p in enumerate(prompts)]
+            firsts = torch.tensor(sorted(owner.values()), device=device)
+            node = torch.searchsorted(firsts, torch.tensor(rows, device=device))
+        else:
+            firsts = node = torch.arange(batch, device=device)
+        node_input, node_attention, node_pos = input_ids[firsts], attention[firsts], positions[firsts]
+        vocab = None
         for t in range(steps):
-            if t == 0 and shared:
-                firsts = torch.tensor(sorted(owner.values()), device=device)
-                index = torch.searchsorted(firsts, torch.tensor(rows, device=device))  # row -> its prompt's row
-                logits = self._logits(input_ids[firsts], attention[firsts], positions[firsts], cache)[index]
-                cache.reorder_cache(index)
-            else:
-                logits = self._logits(step_input, attention, step_pos, cache)
-            token, logprob = sample_tokens(logits, uniforms[:, t], sampling.temperature, sampling.top_p)
-            token = torch.where(ended, torch.full_like(token, self.pad_id), token)
-            tokens[:, t], logprobs[:, t] = token, logprob
-            hit_eos = torch.isin(token, eos) & ~ended
-            lengths = torch.where(hit_eos, torch.full_like(lengths, t + 1), lengths)
-            ended |= hit_eos
+            logits = self._logits(node_input, node_attention, node_pos, cache)
+            vocab = logits.shape[-1]
+            live = (~ended).nonzero().flatten()
+            token, logprob = sample_tokens(logits[node[live]], uniforms[live, t], sampling.temperature, sampling.top_p)
+            tokens[live, t], logprobs[live, t] = token, logprob
+            hit_eos = torch.isin(token, eos)
+            lengths[live[hit_eos]] = t + 1
+            ended[live[hit_eos]] = True
             if sampling.stop:
-                for r in (~ended).nonzero().flatten().tolist():
+                for r in live[~hit_eos].tolist():
                     cut = _find_stop(self.tokenizer.decode(tokens[r, : t + 1].tolist(), skip_special_tokens=True),
                                      sampling.stop)
                     if cut is not None:
                         stop_cut[r], lengths[r], ended[r] = cut, t + 1, True
-            if bool(ended.all()):
+            go_on = ~ended[live]
+            if not bool(go_on.any()) or t + 1 == steps:
                 break
-            step_input = token.unsqueeze(-1)
-            attention = torch.cat([attention, torch.ones((batch, 1), dtype=attention.dtype, device=device)], dim=1)
-            step_pos = step_pos[:, -1:] + 1
+            # The next nodes: a row going on extends its node by its token; rows that drew the same token from
+            # one node stay one node (unshared, every row is its own).
+            rows_on, drawn = live[go_on], token[go_on]
+            key = node[rows_on] * vocab + drawn if self.share_prefixes else rows_on * vocab + drawn
+            keys, inverse = torch.unique(key, return_inverse=True)
+            parent = keys // vocab if self.share_prefixes else node[keys // vocab]
+            cache.reorder_cache(parent)
+            node = torch.zeros(batch, dtype=torch.long, device=device)
+            node[rows_on] = inverse
+            node_input = (keys % vocab).unsqueeze(-1)
+            node_attention = torch.cat([node_attention[parent], torch.ones((len(keys), 1), dtype=attention.dtype,
+                                                                           device=device)], dim=1)
+            node_pos = node_pos[parent][:, -1:] + 1
 
         samples = []
         for r, prompt in enumerate(prompts):

@@ -111,24 +111,36 @@ def test_same_seed_same_samples_whatever_the_micro_batch(tiny, prompts):
     assert [g[0].completion_ids for g in fewer] == [g[0].completion_ids for g in a]
 
 
-def test_a_prompt_read_once_for_its_copies_gives_the_samples_of_one_read_per_row(tiny, prompts):
-    """Copies of a prompt share its first forward and cache: the same samples as each row reading it, with
-    groups split across micro-batches, a prompt repeated in two requests, prompts of several lengths, a stop
-    string and top-p."""
+def test_a_prefix_computed_once_for_the_rows_that_share_it_gives_the_samples_of_one_computation_per_row(
+        tiny, prompts):
+    """Rows that share a prefix (a prompt's copies, and while they draw the same tokens) share its forward and
+    cache: the same samples as computing every row, with groups split across micro-batches, a prompt repeated
+    in two requests, prompts of several lengths, a stop string and top-p; and fewer rows reach the model."""
     model, tokenizer = tiny
     requests = [(p, k) for p, k in zip(prompts, [3, 1, 4, 0, 2, 5] * 2)] + [(prompts[0], 2), (prompts[5], 3)]
     assert len({len(p.prompt_ids) for p, _ in requests}) > 1
-    for sampling in (SamplingParams(temperature=1.0, max_tokens=6, seed=7),
-                     SamplingParams(temperature=1.3, top_p=0.8, max_tokens=8, seed=5, stop=("=",))):
-        for micro_batch_size in (64, 5):
-            shared = TransformersRolloutEngine(model, tokenizer, micro_batch_size).generate(requests, sampling)
-            per_row = TransformersRolloutEngine(model, tokenizer, micro_batch_size, share_prompts=False).generate(
-                requests, sampling)
-            assert [[(s.completion_ids, s.text, s.truncated) for s in g] for g in shared] == \
-                [[(s.completion_ids, s.text, s.truncated) for s in g] for g in per_row]
-            for ga, gb in zip(shared, per_row):
-                for sa, sb in zip(ga, gb):
-                    assert sa.logprobs == pytest.approx(sb.logprobs, abs=1e-6)
+    rows_read = []
+    hook = model.register_forward_pre_hook(lambda module, args, kwargs: rows_read.append(kwargs["input_ids"].numel()),
+                                           with_kwargs=True)
+    try:
+        for sampling in (SamplingParams(temperature=1.0, max_tokens=6, seed=7),
+                         SamplingParams(temperature=0.3, max_tokens=6, seed=2),
+                         SamplingParams(temperature=1.3, top_p=0.8, max_tokens=8, seed=5, stop=("=",))):
+            for micro_batch_size in (64, 5):
+                rows_read.clear()
+                shared = TransformersRolloutEngine(model, tokenizer, micro_batch_size).generate(requests, sampling)
+                shared_rows = sum(rows_read)
+                rows_read.clear()
+                per_row = TransformersRolloutEngine(model, tokenizer, micro_batch_size,
+                                                    share_prefixes=False).generate(requests, sampling)
+                assert [[(s.completion_ids, s.text, s.truncated) for s in g] for g in shared] == \
+                    [[(s.completion_ids, s.text, s.truncated) for s in g] for g in per_row]
+                for ga, gb in zip(shared, per_row):
+                    for sa, sb in zip(ga, gb):
+                        assert sa.logprobs == pytest.approx(sb.logprobs, abs=1e-5)
+                assert shared_rows < sum(rows_read)
+    finally:
+        hook.remove()
 
 
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 1.0), (1.3, 0.8)])
