@@ -131,7 +131,9 @@ PROFILES: dict[str, dict[str, Any]] = {
         "sft_steps": 2000,
         "sft": {"lr": 1e-3, "batch_size": 128, "prompts": 256000, "carry_slip": 0.75},
         "optim": {"lr": 2e-5, "warmup_steps": 2, "mini_batches": 1, "micro_batch_size": 128},
-        "rollout": {"max_tokens": 8, "micro_batch_size": 256},
+        # 1,024 rows a generate call: with shared prefixes a decoding step computes about a quarter of them, so
+        # fewer, larger calls (the same samples as 256; docs/benchmarks/testbed.md, "Where a grid's time goes").
+        "rollout": {"max_tokens": 8, "micro_batch_size": 1024},
         "data": {"dataset": "arithmetic", "train_size": 18720, "eval_size": 1024, "val_size": 256, "seed": 0,
                  "curation_k": 16, "keep_pass_rate": [0.0625, 0.3125]},
     },
