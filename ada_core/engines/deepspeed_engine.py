@@ -291,10 +291,36 @@ class DeepSpeedUpdateEngine(UpdateEngine):
         return {"loss": total_loss, "grad_norm": grad_norm, "lr": lr, "tokens": tokens, **diag_sums}
 
     def _response_logits(self, model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Logits predicting each response token: [B, T, V]. With `optim.share_prompts`, a micro-batch whose rows
-        repeat a prompt reads each distinct prompt once: its last position's logits (predicting response token
-        0) and its KV cache go to every row of that prompt, and one more forward reads the responses on that
-        cache. The gradient reaches the prompt's computation through the cache, summed over its copies."""
+        """Logits predicting each response token: [B, T, V]. With `optim.share_prompts`, a sequence repeated in the
+        micro-batch (a group's samples that gave the same answer) is read once and its logits go to each of its
+        rows, and each distinct prompt is read once: its last position's logits (predicting response token 0)
+        and its KV cache go to every row of that prompt, and one more forward reads the responses on that cache.
+        The gradient reaches a shared computation through the index, summed over its rows."""
+        if self.optim_cfg.share_prompts and self._keep_kwarg is not None:
+            rows = torch.cat([batch["input_ids"], batch["attention_mask"]], dim=1)
+            _, inverse = torch.unique(rows, dim=0, return_inverse=True)
+            if int(inverse.max()) + 1 < len(inverse):
+                order = torch.arange(len(inverse), device=inverse.device)
+                distinct = torch.full((int(inverse.max()) + 1,), len(inverse), device=inverse.device).scatter_reduce(
+                    0, inverse, order, reduce="amin")  # the first row of each distinct sequence
+                # `inverse` numbers the sequences in sorted order; renumber them by first row, so the
+                # sub-batch keeps the rows' order (its first rows are still the first of their prompts)
+                distinct, by_first = distinct.sort()
+                place = torch.empty_like(by_first)
+                place[by_first] = torch.arange(len(by_first), device=inverse.device)
+                prompts = batch["prompt_index"][distinct]
+                firsts = torch.unique(prompts, return_inverse=True)[1]
+                seen = torch.full((int(firsts.max()) + 1,), len(distinct), device=inverse.device).scatter_reduce(
+                    0, firsts, torch.arange(len(distinct), device=inverse.device), reduce="amin")
+                sub = {key: batch[key][distinct] for key in ("input_ids", "attention_mask", "position_ids",
+                                                               "response_ids")}
+                sub.update(prompt_firsts=seen, prompt_index=firsts)
+                return self._logits_read(model, sub)[place[inverse]]
+        return self._logits_read(model, batch)
+
+    def _logits_read(self, model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """`_response_logits` of a batch whose rows are read as they are (each distinct prompt once, with
+        `optim.share_prompts`)."""
         width = batch["response_ids"].shape[1]
         firsts, index = batch["prompt_firsts"], batch["prompt_index"]
         if not self.optim_cfg.share_prompts or len(firsts) == len(index) or self._keep_kwarg is None:

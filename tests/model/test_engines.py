@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -333,9 +334,10 @@ def test_gradient_accumulation_matches_one_big_micro_batch(make_updater, tiny, p
 
 
 @pytest.mark.parametrize("temperature,kl", [(1.0, 0.0), (0.7, 0.1)])
-def test_a_prompt_read_once_for_its_copies_gives_the_update_of_one_read_per_row(make_updater, tiny, prompts,
-                                                                                 temperature, kl):
-    """`optim.share_prompts`: each micro-batch reads a prompt once and its rows decode on that cache. The loss,
+def test_a_prompt_and_a_repeated_sequence_read_once_give_the_update_of_one_read_per_row(make_updater, tiny, prompts,
+                                                                                        temperature, kl):
+    """`optim.share_prompts`: each micro-batch reads a prompt once, its rows decode on that cache, and a sequence
+    two of its rows repeat (a group's samples with the same answer, at other advantages) is read once. The loss,
     the gradient and the reference's log-probs are those of one read per row, within float noise, with groups
     split across micro-batches, prompts of several lengths and an update of two optimizer steps (old log-probs
     recomputed). (Weights after the steps are not compared: Adam's first step, ~lr * sign(g), turns float noise
@@ -347,15 +349,21 @@ def test_a_prompt_read_once_for_its_copies_gives_the_update_of_one_read_per_row(
     per_row = make_updater(loss=loss, ref_model=copy.deepcopy(ref) if kl else None, temperature=temperature,
                            micro_batch_size=6, mini_batches=2, share_prompts=False)
     grads = stepped_gradients(shared=shared, per_row=per_row)
-    read = {"shared": 0, "per_row": 0}  # token positions the policy's embedding was given
+    read = {"shared": [], "per_row": []}  # the [rows, positions] the policy's embedding was given, per forward
     for name, updater in (("shared", shared), ("per_row", per_row)):
         updater.module.get_input_embeddings().register_forward_pre_hook(
-            lambda _module, args, name=name: read.__setitem__(name, read[name] + args[0].numel()))
+            lambda _module, args, name=name: read[name].append(tuple(args[0].shape)))
     groups = _groups(shared, tokenizer, prompts, seed=51, temperature=temperature)
+    for g in groups[::2]:  # the third sample repeats the first (its advantage stays its own)
+        g.samples[2] = dataclasses.replace(g.samples[0])
     assert len({len(g.prompt.prompt_ids) for g in groups}) > 1
-    read.update(shared=0, per_row=0)
+    read.update(shared=[], per_row=[])
     m_shared, m_row = shared.update(groups), per_row.update(groups)
-    assert 0 < read["shared"] < 0.8 * read["per_row"]  # the prompts were read once per micro-batch, not per row
+    tokens = {name: sum(rows * width for rows, width in shapes) for name, shapes in read.items()}
+    assert 0 < tokens["shared"] < 0.8 * tokens["per_row"]  # the prompts were read once per micro-batch, not per row
+    # shared: a forward of a micro-batch's distinct prompts, then one of its distinct sequences' responses
+    responses = sum(rows for rows, _ in read["shared"][1::2])
+    assert responses < sum(rows for rows, _ in read["per_row"])  # the repeats within a micro-batch read once
     assert m_shared[K.UPDATE_OLD_RECOMPUTED] == 1.0
     for key in (K.TRAIN_LOSS, K.TRAIN_GRAD_NORM):
         assert m_shared[key] == pytest.approx(m_row[key], rel=1e-4, abs=1e-6), key
