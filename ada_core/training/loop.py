@@ -44,6 +44,7 @@ from ada_core.rl.rewards import StepBudget
 from ada_core.run import files
 from ada_core.run.checkpoints import latest_checkpoint, mark_complete, prune_checkpoints
 from ada_core.sampling import make_sampler
+from ada_core.training import start_eval
 from ada_core.training.feed import AsyncFeed, SyncFeed, save_ahead, staleness_metrics, token_staleness_metrics
 from ada_core.training.state import CUMULATIVE, RunState, _jsonable, setup
 
@@ -122,16 +123,24 @@ def evaluate(state: RunState) -> dict[str, float]:
         temperature=cfg.eval_temperature, top_p=1.0, max_tokens=cfg.eval_max_tokens or cfg.rollout.max_tokens,
         seed=data_seed(cfg) + state.step,
     )
-    avg, pass_k, rows = _score(state, state.eval_prompts, sampling)
+    key = start_eval.start_eval_key(state, sampling)
+    stored = start_eval.read(key) if key else None
+    if stored is not None:  # the start's evaluation, as a run from the same start computed it (start_eval.py)
+        metrics, kept = stored["metrics"], stored["rows"]
+    else:
+        avg, pass_k, rows = _score(state, state.eval_prompts, sampling)
+        kept = rows[: 8 * cfg.eval_k]
+        metrics = {K.EVAL_AVG_AT_K: avg, K.EVAL_PASS_AT_K: pass_k}
+        if state.val_prompts:
+            metrics[K.VAL_AVG_AT_K], metrics[K.VAL_PASS_AT_K], _ = _score(state, state.val_prompts, sampling)
+        if state.suite:
+            scores = [(bench, len(prompts), *_score(state, prompts, sampling)[:2]) for bench, prompts in state.suite]
+            metrics.update(suite_metrics(scores))
+        if key:
+            start_eval.write(key, metrics, kept)
     with open(state.output_dir / files.GENERATIONS, "a") as fh:
-        for row in rows[: 8 * cfg.eval_k]:
+        for row in kept:
             fh.write(json.dumps(row) + "\n")
-    metrics = {K.EVAL_AVG_AT_K: avg, K.EVAL_PASS_AT_K: pass_k}
-    if state.val_prompts:
-        metrics[K.VAL_AVG_AT_K], metrics[K.VAL_PASS_AT_K], _ = _score(state, state.val_prompts, sampling)
-    if state.suite:
-        scores = [(bench, len(prompts), *_score(state, prompts, sampling)[:2]) for bench, prompts in state.suite]
-        metrics.update(suite_metrics(scores))
     return metrics
 
 

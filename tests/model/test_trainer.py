@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 
 import pytest
 import torch
@@ -172,3 +173,36 @@ def test_a_resumed_kl_run_keeps_its_initial_weights_as_reference(kl_runs, tmp_pa
     with pytest.raises(ReferenceWeightsError, match="needs the run's initial weights"):
         setup(config, tmp_path / "again", resume=tmp_path / "lost")
     assert not (tmp_path / "again").exists()
+
+
+def test_a_run_from_a_start_evaluated_before_reads_that_evaluation_and_scores_the_same(tmp_path, monkeypatch):
+    """The step-0 evaluation of a start is computed once per ADA_HOME (ada_core/training/start_eval.py): a second
+    run from the same start and exam (here another preset) reads it, with the same metrics and generations as
+    the run that computed it; another exam (another eval_k) computes its own."""
+    from ada_core.paths import cache_dir
+    from ada_core.training import loop
+
+    shutil.rmtree(cache_dir() / "start_eval", ignore_errors=True)  # this worker's earlier tests may have stored one
+    scored_at = []
+    score = loop._score
+    monkeypatch.setattr(loop, "_score", lambda state, *a: (scored_at.append(state.step), score(state, *a))[1])
+
+    def run(name, preset, **extra):
+        scored_at.clear()
+        state = setup(_config(preset, steps=1, **extra), tmp_path / name)
+        try:
+            run_steps(state)
+        finally:
+            state.close()
+        row = next(r for r in read_metrics(tmp_path / name) if r["step"] == 0 and K.EVAL_AVG_AT_K in r)
+        generations = [r for r in map(json.loads, (tmp_path / name / "generations.jsonl").read_text().splitlines())
+                       if r["step"] == 0]
+        return list(scored_at), {k: v for k, v in row.items() if not k.startswith("time/")}, generations
+
+    computed, first_row, first_generations = run("first", "grpo")
+    assert computed.count(0) >= 1 and len(list((cache_dir() / "start_eval").glob("*.json"))) == 1
+    read, second_row, second_generations = run("second", "ada-balance")
+    assert 0 not in read  # nothing was sampled for its step-0 evaluation
+    assert second_row == first_row and second_generations == first_generations and first_generations
+    other, _, _ = run("other", "grpo", eval_k=3)
+    assert 0 in other and len(list((cache_dir() / "start_eval").glob("*.json"))) == 2
