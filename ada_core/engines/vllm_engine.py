@@ -272,8 +272,7 @@ class VLLMRolloutEngine(RolloutEngine):
         them sampled and stamped on the old weights), reload with nothing running on the server (so the
         prefix cache resets and no old KV block is reused), then resume each from its tokens on the new
         weights: the server recomputes their prefix, so every later token and its log-prob are the new
-        version's. A failed reload resumes them on the weights the server still holds, stamped so.
-        Returns the samples frozen. vLLM's pause(mode="keep") would keep their KV blocks instead, but
+        version's. Returns the samples frozen. vLLM's pause(mode="keep") would keep their KV blocks instead, but
         the tokens a frozen request had generated and not yet streamed would come back after the resume
         with the new tokens, and could not be told apart from them.
 
