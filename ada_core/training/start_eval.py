@@ -53,7 +53,7 @@ def start_eval_key(state: Any, sampling: Any) -> str | None:
         return None
     cfg = state.config
     sets = [("heldout", state.eval_prompts), ("val", state.val_prompts)]
-    sets += [(f"suite:{getattr(bench, 'name', bench)}", prompts) for bench, prompts in state.suite]
+    sets += [(f"suite:{bench.key}", prompts) for bench, prompts in state.suite]
     material = {
         "start": folder_fingerprint(Path(state.start_model_dir)),
         "prompts": {name: _prompts_sha(prompts) for name, prompts in sets},
