@@ -162,7 +162,7 @@ ELSEWHERE = {
     "eval_suite": "tests/flows/test_hub_flows.py::test_a_train_flow_named_by_hub_ids_trains_and_logs_their_commits",
     "eval_suite_revisions": "tests/flows/test_hub_flows.py::test_a_killed_hub_train_flow_resumes_at_the_commits_it_pinned",
     "model": "tests/flows/test_hub_flows.py::test_a_train_flow_named_by_hub_ids_trains_and_logs_their_commits",
-    "optim.share_prompts": "tests/model/test_engines.py::test_a_prompt_read_once_for_its_copies_gives_the_update_of_one_read_per_row",
+    "optim.share_prompts": "tests/model/test_engines.py::test_a_prompt_and_a_repeated_sequence_read_once_give_the_update_of_one_read_per_row",
     "sft_steps": "tests/model/test_models.py::test_sft_learns_and_is_cached",
     "sft.lr": "tests/model/test_models.py::test_the_sft_section_reaches_the_warm_start",
     "sft.batch_size": "tests/model/test_models.py::test_the_sft_section_reaches_the_warm_start",

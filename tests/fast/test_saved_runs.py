@@ -140,25 +140,15 @@ def test_runs_of_another_start_are_refused_in_one_line_naming_the_file(bench, tm
     assert not (tmp_path / "out").exists()  # nothing written
 
 
-def test_runs_whose_updates_read_prompts_differently_are_refused(bench, tmp_path, capsys):
+def test_runs_whose_updates_read_prompts_differently_are_combined(bench, tmp_path):
     """A run saved before `optim.share_prompts` (no such field: one read per row) and one with it on: the same
-    start, but not the same run, so they are not combined; runs that agree are."""
+    start and exam, only the float rounding differs (as between two CPUs), so they are combined."""
     runs = runs_by_pool()
     first = save(tmp_path / "first.jsonl", {p: [r for r in rs if r.seed < 2] for p, rs in runs.items()})
     later = save(tmp_path / "later.jsonl", {"standard": [r for r in runs["standard"] if r.seed == 2]})
     records = [json.loads(line) for line in later.read_text().splitlines()]
     for record in records:
         record["config"].setdefault("optim", {})["share_prompts"] = True
-    later.write_text("".join(json.dumps(r) + "\n" for r in records))
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_info:
-        tables_from(bench, tmp_path, first, later)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"paper_tables: refused: {later}:1: pool standard, grpo seed 2 "
-                                                   f"has optim.share_prompts True, but {first}:1 ")
-    for record in records:
-        record["config"]["optim"]["share_prompts"] = False
     later.write_text("".join(json.dumps(r) + "\n" for r in records))
     assert tables_from(bench, tmp_path, first, later)["markdown"]
 
