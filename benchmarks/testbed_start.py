@@ -35,20 +35,11 @@ sys.path.insert(0, str(ROOT))
 from ada_core.config import build_config  # noqa: E402
 from ada_core.config.schema import data_seed  # noqa: E402
 from ada_core.training import shipped  # noqa: E402
+from ada_core.training.start_eval import cpu_model  # noqa: E402
 from tasks.curation import curation_inputs  # noqa: E402
 from flows.param_form import nest_dotted  # noqa: E402
 
 PROFILE = "testbed"
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def recipe_inputs(config) -> dict:

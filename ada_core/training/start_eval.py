@@ -66,7 +66,7 @@ def start_eval_key(state: Any, sampling: Any) -> str | None:
         "code": _sources_sha(),
         "torch": torch.__version__,
         "transformers": _version("transformers"),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "threads": torch.get_num_threads(),
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:32]
@@ -126,7 +126,8 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what `platform` knows."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
