@@ -9,7 +9,7 @@ sampling again. The key is everything the samples and their scores depend on:
 - the start model folder's files (weights, config and tokenizer: `folder_fingerprint`);
 - each prompt evaluated (held-out, validation, every suite benchmark): its id, token ids, answer and format;
 - the sampling (temperature, top-p, max tokens, seed), `eval_k`, the positive threshold, the `rollout` and
-  `verifier` sections;
+  `verifier` sections, and the dtype and device the weights sample in (`optim.precision` bf16 casts them);
 - the code that samples and scores (the engine's, the verifier's and this loop's source files), torch's and
   transformers' versions, the CPU model and torch's thread count (float kernels differ between machines).
 
@@ -45,7 +45,6 @@ def start_eval_key(state: Any, sampling: Any) -> str | None:
     """The cache key of this run's step-0 evaluation, or None where it is not reused (see the module docstring)."""
     from ada_core.engines.transformers_engine import TransformersRolloutEngine
     from ada_core.models.build import folder_fingerprint
-
     from ada_core.rl.rewards import MathVerifier
 
     if state.step != 0 or state.start_model_dir is None or type(state.rollout) is not TransformersRolloutEngine \
@@ -63,6 +62,7 @@ def start_eval_key(state: Any, sampling: Any) -> str | None:
         "rollout": cfg.rollout.model_dump(mode="json"),
         "verifier": cfg.verifier.model_dump(mode="json"),
         "engine": [state.rollout.micro_batch_size, state.rollout.share_prefixes],
+        "weights": [str(p.dtype) + "@" + str(p.device) for p in state.rollout.model.parameters()][:1],  # bf16 mode
         "code": _sources_sha(),
         "torch": torch.__version__,
         "transformers": _version("transformers"),
