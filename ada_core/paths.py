@@ -7,6 +7,7 @@ import errno
 import fcntl
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,6 +44,21 @@ def cache_dir() -> Path:
     path = ada_home() / "cache"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write to a temp file in the same folder, fsync, then rename over `path`: a reader sees the old file or the
+    whole new one, never half of it."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 @contextmanager

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 import shutil
 import tempfile
@@ -25,7 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ada_core.paths import staged
+from ada_core.paths import staged, write_atomic
 from ada_core.protocols import RolloutEngine, SamplingParams, Verifier
 from ada_core.records import Prompt
 
@@ -276,8 +275,8 @@ def save_curated(result: CurationResult, directory: str | Path) -> Path:
     try:
         with staged(staging, f"the curated set {out.name}"):  # a full disk: one line naming the folder
             save_prompts(result.prompts, staging / ARROW_DIR)  # first: a failure here changes nothing
-            _atomic_write(out / PROMPTS_FILE, "".join(line + "\n" for line in lines))
-            _atomic_write(out / REPORT_FILE, json.dumps(result.report, indent=2, ensure_ascii=False) + "\n")
+            write_atomic(out / PROMPTS_FILE, "".join(line + "\n" for line in lines))
+            write_atomic(out / REPORT_FILE, json.dumps(result.report, indent=2, ensure_ascii=False) + "\n")
         old = out / ARROW_DIR
         if old.exists():
             old.rename(staging / "old")
@@ -297,17 +296,3 @@ def load_curated(directory: str | Path) -> CurationResult:
     prompts_file = folder / PROMPTS_FILE
     prompts = load_dataset_file(prompts_file, schema="prompts") if prompts_file.stat().st_size else []
     return CurationResult(prompts=prompts, report=json.loads(report_file.read_text()))
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    """Write to a temp file in the same folder, fsync, then rename over `path`."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -26,15 +26,13 @@ import hashlib
 import inspect
 import json
 import logging
-import os
 import platform
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ada_core.paths import cache_dir
+from ada_core.paths import cache_dir, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +60,8 @@ def start_eval_key(state: Any, sampling: Any) -> str | None:
         "rollout": cfg.rollout.model_dump(mode="json"),
         "verifier": cfg.verifier.model_dump(mode="json"),
         "engine": [state.rollout.micro_batch_size, state.rollout.share_prefixes],
-        "weights": [str(p.dtype) + "@" + str(p.device) for p in state.rollout.model.parameters()][:1],  # bf16 mode
+        "weights": str(next(state.rollout.model.parameters()).dtype),  # optim.precision bf16 casts them
+        "device": str(next(state.rollout.model.parameters()).device),
         "code": _sources_sha(),
         "torch": torch.__version__,
         "transformers": _version("transformers"),
@@ -85,18 +84,11 @@ def read(key: str) -> dict | None:
 
 
 def write(key: str, metrics: dict[str, float], rows: list[dict]) -> None:
-    """Store an evaluation under `key`, whole or not at all (a temporary file renamed into place), so runs of one
-    home that finish their step 0 together each write a complete file and a reader never sees half of one."""
+    """Store an evaluation under `key`, whole or not at all, so runs of one home that finish their step 0 together
+    each write a complete file and a reader never sees half of one."""
     folder = cache_dir() / FOLDER
     folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{key}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump({"metrics": metrics, "rows": rows}, fh)
-        os.replace(tmp, folder / f"{key}.json")
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(folder / f"{key}.json", json.dumps({"metrics": metrics, "rows": rows}))
 
 
 def _prompts_sha(prompts: list) -> str:

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ada_core.data import curation
+from ada_core import paths
 from ada_core.data.curation import CurationResult, dedup, normalise_text, save_curated
 from ada_core.records import Prompt
 
@@ -38,7 +38,7 @@ def test_failed_save_keeps_the_previous_set(tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(curation.os, "replace", fail)
+    monkeypatch.setattr(paths.os, "replace", fail)  # save_curated writes through paths.write_atomic
     with pytest.raises(OSError, match="disk full"):
         save_curated(new, tmp_path)
     assert (tmp_path / "prompts.jsonl").read_text() == before
