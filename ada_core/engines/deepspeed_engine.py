@@ -17,14 +17,8 @@ One `update(groups)` call is one training step:
    (`rank_group.RankGroup`) shares: there each rank runs `recompute` and `train_steps` on its
    share of the plan, and the denominators span every rank's share.
 
-Sequence layout in a micro-batch (left-padded prompts, right-padded responses), e.g. prompts of
-3 and 2 tokens with responses of 2 and 3 tokens:
-
-    [p p p r r .]      columns 0..P-1 hold the prompt, P..P+T-1 the response (P=3, T=3)
-    [. p p r r r]      logits at column P-1+t predict response token t
-
-so the response logits are the last T+1 positions minus the final one (`logits_to_keep=T+1`), and
-the LM head never runs over prompt positions.
+The micro-batch's layout (left-padded prompts, right-padded responses) and its shared reads are in
+ada_core/engines/micro_batch.py.
 
 All log-probs (old, reference, current) are taken from logits / T at the sampling temperature T,
 the convention of the rollout engines' behaviour log-probs. Old log-probs are recomputed in eval mode, as the rollout engine samples; the training forward runs
@@ -57,6 +51,7 @@ import torch
 
 from ada_core.config import LossConfig, OptimConfig
 from ada_core.rl.losses import effective_mask, gather_logprobs, ppo_clip_loss, token_entropy
+from ada_core.engines.micro_batch import collate, distinct_sequences
 from ada_core.engines.rendezvous import rendezvous_method
 from ada_core.engines.update_plan import (DIAGNOSTICS, Denominators, flatten, local_steps, old_is_current,
                                           plan_update, update_metrics, zero_metrics)
@@ -297,25 +292,10 @@ class DeepSpeedUpdateEngine(UpdateEngine):
         and its KV cache go to every row of that prompt, and one more forward reads the responses on that cache.
         The gradient reaches a shared computation through the index, summed over its rows."""
         if self.optim_cfg.share_prompts and self._keep_kwarg is not None:
-            rows = torch.cat([batch["input_ids"], batch["attention_mask"]], dim=1)
-            _, inverse = torch.unique(rows, dim=0, return_inverse=True)
-            if int(inverse.max()) + 1 < len(inverse):
-                order = torch.arange(len(inverse), device=inverse.device)
-                distinct = torch.full((int(inverse.max()) + 1,), len(inverse), device=inverse.device).scatter_reduce(
-                    0, inverse, order, reduce="amin")  # the first row of each distinct sequence
-                # `inverse` numbers the sequences in sorted order; renumber them by first row, so the
-                # sub-batch keeps the rows' order (its first rows are still the first of their prompts)
-                distinct, by_first = distinct.sort()
-                place = torch.empty_like(by_first)
-                place[by_first] = torch.arange(len(by_first), device=inverse.device)
-                prompts = batch["prompt_index"][distinct]
-                firsts = torch.unique(prompts, return_inverse=True)[1]
-                seen = torch.full((int(firsts.max()) + 1,), len(distinct), device=inverse.device).scatter_reduce(
-                    0, firsts, torch.arange(len(distinct), device=inverse.device), reduce="amin")
-                sub = {key: batch[key][distinct] for key in ("input_ids", "attention_mask", "position_ids",
-                                                               "response_ids")}
-                sub.update(prompt_firsts=seen, prompt_index=firsts)
-                return self._logits_read(model, sub)[place[inverse]]
+            repeated = distinct_sequences(batch)
+            if repeated is not None:
+                sub, place = repeated
+                return self._logits_read(model, sub)[place]
         return self._logits_read(model, batch)
 
     def _logits_read(self, model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -345,54 +325,6 @@ class DeepSpeedUpdateEngine(UpdateEngine):
                              **{self._cache_kwarg: cache}).logits
                 logits = torch.cat([first, rest], dim=1)
         return logits / self.temperature if self.temperature != 1.0 else logits
-
-
-def collate(seqs: list[dict], pad_token_id: int, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
-    """Pack sequences into left-padded prompts + right-padded responses (layout in the module docstring).
-
-    Each seq has `prompt`, `completion` (lists of ids), `behaviour` [n], `advantage`, `truncated`, and
-    optionally `old` / `ref` [n]. Returns input_ids / attention_mask / position_ids [B, P+T],
-    response_ids / mask / old / ref / behaviour [B, T] (`ref` is None when absent), advantages [B],
-    truncated [B] bool, keep [B] (0.0 for a rank's zero-weight padding sequence, `"keep": False`), and
-    prompt_firsts [U] / prompt_index [B]: the first row of each of the U distinct prompts, and each row's place
-    among them (`_response_logits` reads a prompt once for its rows).
-    """
-    batch = len(seqs)
-    width_p = max(len(s["prompt"]) for s in seqs)
-    width_t = max(len(s["completion"]) for s in seqs)
-    input_ids = torch.full((batch, width_p + width_t), pad_token_id, dtype=torch.long)
-    attention = torch.zeros((batch, width_p + width_t), dtype=torch.long)
-    response_mask = torch.zeros((batch, width_t))
-    per_token = {key: torch.zeros((batch, width_t)) for key in ("behaviour", "old", "ref")}
-    for r, s in enumerate(seqs):
-        p, c = len(s["prompt"]), len(s["completion"])
-        input_ids[r, width_p - p : width_p] = torch.tensor(s["prompt"], dtype=torch.long)
-        input_ids[r, width_p : width_p + c] = torch.tensor(s["completion"], dtype=torch.long)
-        attention[r, width_p - p : width_p + c] = 1
-        response_mask[r, :c] = 1.0
-        for key in per_token:
-            if s.get(key) is not None:
-                per_token[key][r, :c] = s[key]
-    has_ref = all(s.get("ref") is not None for s in seqs)
-    owner: dict[tuple[int, ...], int] = {}
-    rows = [owner.setdefault(tuple(s["prompt"]), r) for r, s in enumerate(seqs)]
-    firsts = torch.tensor(sorted(owner.values()), dtype=torch.long)
-    out = {
-        "input_ids": input_ids,
-        "attention_mask": attention,
-        "position_ids": (attention.cumsum(-1) - 1).clamp(min=0),
-        "response_ids": input_ids[:, width_p:],
-        "mask": response_mask,
-        "behaviour": per_token["behaviour"],
-        "old": per_token["old"],
-        "ref": per_token["ref"] if has_ref else None,
-        "advantages": torch.tensor([float(s["advantage"]) for s in seqs]),
-        "truncated": torch.tensor([bool(s["truncated"]) for s in seqs]),
-        "keep": torch.tensor([1.0 if s.get("keep", True) else 0.0 for s in seqs]),
-        "prompt_firsts": firsts,  # the first row of each distinct prompt
-        "prompt_index": torch.searchsorted(firsts, torch.tensor(rows, dtype=torch.long)),  # row -> its prompt's
-    }
-    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in out.items()}
 
 
 def _grad_norm(module) -> float:

@@ -16,7 +16,8 @@ import torch
 
 from ada_core import metrics as K
 from ada_core.config import DistributedConfig, LossConfig, OptimConfig, build_config
-from ada_core.engines.deepspeed_engine import DeepSpeedUpdateEngine, collate
+from ada_core.engines.deepspeed_engine import DeepSpeedUpdateEngine
+from ada_core.engines.micro_batch import collate
 from ada_core.engines.ray_cluster import start_ray
 from ada_core.engines.rank_group import RankError, RankGroup
 from ada_core.engines.transformers_engine import TransformersRolloutEngine
