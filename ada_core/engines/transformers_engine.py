@@ -123,7 +123,6 @@ class TransformersRolloutEngine(RolloutEngine):
         else:
             firsts = node = torch.arange(batch, device=device)
         node_input, node_attention, node_pos = input_ids[firsts], attention[firsts], positions[firsts]
-        vocab = None
         for t in range(steps):
             logits = self._logits(node_input, node_attention, node_pos, cache)
             vocab = logits.shape[-1]
